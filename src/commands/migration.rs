@@ -1,0 +1,204 @@
+//! `reshard migration`: planning migrations and moving them through their phases.
+
+use serde_json::json;
+
+use crate::cli::MigrationCommand;
+use crate::commands::Ctx;
+use crate::error::Result;
+use crate::output;
+use crate::phase::Action;
+use crate::store::migrations::{Migration, Transition};
+
+pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
+    match cmd {
+        MigrationCommand::Create {
+            collection,
+            to,
+            from,
+        } => {
+            let from = match from {
+                Some(v) => v,
+                None => ctx.store.current_version(&collection).await?,
+            };
+            let m = ctx
+                .store
+                .create_migration(&collection, from, to, &ctx.actor)
+                .await?;
+            output::emit(ctx.output, &m, || {
+                println!(
+                    "migration {} planned: {} v{} -> v{} (phase {}, epoch {})",
+                    m.id,
+                    m.collection,
+                    m.from_version,
+                    m.to_version,
+                    m.phase(),
+                    m.epoch
+                )
+            })
+        }
+        MigrationCommand::List { all } => {
+            let list = ctx.store.migrations(all).await?;
+            output::emit(ctx.output, &list, || {
+                output::table(
+                    &[
+                        "id",
+                        "collection",
+                        "from",
+                        "to",
+                        "phase",
+                        "epoch",
+                        "updated",
+                    ],
+                    list.iter().map(|m| {
+                        [
+                            m.id.to_string(),
+                            m.collection.clone(),
+                            format!("v{}", m.from_version),
+                            format!("v{}", m.to_version),
+                            m.status_text(),
+                            m.epoch.to_string(),
+                            m.updated_at.to_rfc3339(),
+                        ]
+                    }),
+                )
+            })
+        }
+        MigrationCommand::Show(id) => {
+            let m = ctx.store.migration(id.id).await?;
+            output::emit(ctx.output, &m, || show(&m))
+        }
+        MigrationCommand::Advance {
+            id,
+            to,
+            dry_run,
+            reason,
+        } => {
+            let t = ctx
+                .store
+                .transition(
+                    id,
+                    &Action::Advance(to),
+                    &ctx.actor,
+                    reason.as_deref(),
+                    dry_run,
+                )
+                .await?;
+            report(ctx, &t, dry_run)
+        }
+        MigrationCommand::Pause { id, reason } => {
+            let t = ctx
+                .store
+                .transition(id, &Action::Pause, &ctx.actor, reason.as_deref(), false)
+                .await?;
+            report(ctx, &t, false)
+        }
+        MigrationCommand::Resume { id, reason } => {
+            let t = ctx
+                .store
+                .transition(id, &Action::Resume, &ctx.actor, reason.as_deref(), false)
+                .await?;
+            report(ctx, &t, false)
+        }
+        MigrationCommand::History(id) => {
+            let events = ctx.store.events(id.id).await?;
+            output::emit(ctx.output, &events, || {
+                output::table(
+                    &["#", "at", "actor", "what", "from", "to", "epoch", "reason"],
+                    events.iter().map(|e| {
+                        [
+                            e.id.to_string(),
+                            e.at.to_rfc3339(),
+                            e.actor.clone(),
+                            e.kind.clone(),
+                            output::or_dash(e.from_phase.as_ref()),
+                            output::or_dash(e.to_phase.as_ref()),
+                            e.epoch.to_string(),
+                            output::or_dash(e.reason.as_ref()),
+                        ]
+                    }),
+                )
+            })
+        }
+    }
+}
+
+fn show(m: &Migration) {
+    let phase = m.phase();
+    output::fields(&[
+        ("id", m.id.to_string()),
+        ("collection", m.collection.clone()),
+        (
+            "versions",
+            format!("v{} -> v{}", m.from_version, m.to_version),
+        ),
+        ("phase", m.status_text()),
+        ("epoch", m.epoch.to_string()),
+        ("router reads", format!("{:?}", phase.read_path())),
+        ("router writes", format!("{:?}", phase.write_path())),
+        (
+            "next",
+            phase
+                .next()
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        ("created", m.created_at.to_rfc3339()),
+        ("updated", m.updated_at.to_rfc3339()),
+        (
+            "finished",
+            output::or_dash(m.finished_at.map(|t| t.to_rfc3339())),
+        ),
+    ]);
+}
+
+fn report(ctx: &Ctx, t: &Transition, dry_run: bool) -> Result<()> {
+    let (from, to) = (&t.change.from, &t.change.to);
+    let gates: Vec<&str> = t.change.gates.iter().map(|g| g.as_str()).collect();
+    let value = json!({
+        "id": t.migration.id,
+        "dry_run": dry_run,
+        "from": { "phase": from.phase, "epoch": from.epoch, "paused": from.paused },
+        "to": { "phase": to.phase, "epoch": to.epoch, "paused": to.paused },
+        "gates": gates,
+        "event_id": t.event_id,
+        "routers_must_acknowledge": from.phase.changes_router_behaviour(to.phase),
+    });
+    output::emit(ctx.output, &value, || {
+        let what = if from.phase != to.phase {
+            format!("{} -> {}", from.phase, to.phase)
+        } else if to.paused != from.paused {
+            format!(
+                "{} {}",
+                to.phase,
+                if to.paused { "paused" } else { "resumed" }
+            )
+        } else {
+            format!("{} resumed", to.phase)
+        };
+        if dry_run {
+            println!(
+                "dry run: migration {} may move {what}; gates hold: {}; nothing changed",
+                t.migration.id,
+                if gates.is_empty() {
+                    "none needed".to_owned()
+                } else {
+                    gates.join(", ")
+                }
+            );
+        } else {
+            println!(
+                "migration {}: {what} (epoch {} -> {})",
+                t.migration.id, from.epoch, to.epoch
+            );
+            if from.phase.changes_router_behaviour(to.phase) {
+                println!(
+                    "routers change behaviour in {}: every live router must acknowledge epoch {} \
+                     before the next move",
+                    to.phase, to.epoch
+                );
+            }
+        }
+    })
+}

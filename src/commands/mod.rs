@@ -1,0 +1,70 @@
+//! One module per noun of the command line. `run` is the one exhaustive match over commands;
+//! each arm resolves its input and calls into the library.
+
+mod db;
+mod migration;
+mod route;
+mod shard;
+mod version;
+
+use crate::cli::{Cli, Command, OutputFormat};
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// What every command that talks to the state store needs.
+pub struct Ctx {
+    pub store: Store,
+    pub output: OutputFormat,
+    pub actor: String,
+}
+
+pub async fn run(cli: Cli) -> Result<()> {
+    let url = database_url(&cli)?;
+    let actor = cli.actor.clone().unwrap_or_else(default_actor);
+    let output = cli.output;
+    match cli.command {
+        Command::Db(cmd) => db::run(&url, output, cmd).await,
+        Command::Shard(cmd) => shard::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Version(cmd) => version::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Migration(cmd) => migration::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Route(cmd) => route::run(&ctx(url, output, actor).await?, cmd).await,
+    }
+}
+
+async fn ctx(url: String, output: OutputFormat, actor: String) -> Result<Ctx> {
+    Ok(Ctx {
+        store: Store::connect(&url).await?,
+        output,
+        actor,
+    })
+}
+
+fn database_url(cli: &Cli) -> Result<String> {
+    cli.database_url
+        .clone()
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| {
+            Error::bad_input(
+                "no state store given: pass --database-url or set RESHARD_DATABASE_URL \
+                 (or DATABASE_URL)",
+            )
+        })
+}
+
+fn default_actor() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    format!("{user}@{}", hostname())
+}
+
+/// This machine's name, for the event log and router registrations.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}

@@ -1,0 +1,69 @@
+//! `reshard shard`: registered MongoDB locations.
+
+use crate::cli::ShardCommand;
+use crate::commands::Ctx;
+use crate::error::{Error, Result};
+use crate::{mongo, output};
+
+pub async fn run(ctx: &Ctx, cmd: ShardCommand) -> Result<()> {
+    match cmd {
+        ShardCommand::Add {
+            name,
+            uri,
+            database,
+            no_check,
+        } => {
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                || name.is_empty()
+                || name.len() > 64
+            {
+                return Err(Error::bad_input(format!(
+                    "shard name {name:?} is not allowed: use 1 to 64 letters, digits, '_', '-' or '.'"
+                )));
+            }
+            if database.is_empty() {
+                return Err(Error::bad_input("--database must not be empty"));
+            }
+            if no_check {
+                mongo::client(&uri)
+                    .await
+                    .map_err(|e| Error::bad_input(e.to_string()))?;
+            } else {
+                mongo::ping(&uri, &database)
+                    .await
+                    .map_err(|e| Error::bad_input(format!("shard {name}: {e}")))?;
+            }
+            let shard = ctx.store.add_shard(&name, &uri, &database).await?;
+            output::emit(ctx.output, &shard, || {
+                println!(
+                    "shard {} registered: {} database {}",
+                    shard.name, shard.uri, shard.database
+                )
+            })
+        }
+        ShardCommand::List => {
+            let shards = ctx.store.shards().await?;
+            output::emit(ctx.output, &shards, || {
+                output::table(
+                    &["name", "uri", "database", "registered"],
+                    shards.iter().map(|s| {
+                        [
+                            s.name.clone(),
+                            s.uri.to_string(),
+                            s.database.clone(),
+                            s.created_at.to_rfc3339(),
+                        ]
+                    }),
+                )
+            })
+        }
+        ShardCommand::Remove { name } => {
+            ctx.store.remove_shard(&name).await?;
+            output::emit(ctx.output, &serde_json::json!({ "removed": name }), || {
+                println!("shard {name} removed")
+            })
+        }
+    }
+}

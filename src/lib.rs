@@ -1,0 +1,36 @@
+//! reshard changes how a MongoDB collection is partitioned while the application keeps running.
+//!
+//! Start with `ARCHITECTURE.md` for the map. The pure core ([`routing`], [`phase`]) knows
+//! nothing of Postgres, MongoDB or the terminal; [`store`] holds every SQL statement; the
+//! [`commands`] module is the command line's one entry point, [`run`].
+
+pub mod cli;
+mod commands;
+pub mod error;
+mod logging;
+pub mod mongo;
+pub mod output;
+pub mod phase;
+pub mod protocol;
+pub mod redact;
+pub mod routing;
+pub mod spec;
+pub mod store;
+
+use std::process::ExitCode;
+
+pub use cli::Cli;
+pub use error::{Error, Result};
+
+/// Runs one command line to completion and returns its exit code (see [`error`]).
+pub async fn run(cli: Cli) -> ExitCode {
+    logging::init(cli.log_format);
+    match commands::run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // Messages can quote a connection string; redact once more at the edge.
+            eprintln!("error: {}", redact::redact_uri(&err.to_string()));
+            err.exit_code()
+        }
+    }
+}

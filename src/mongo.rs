@@ -1,0 +1,54 @@
+//! Connections to shards. The MongoDB driver is used only through this module and the
+//! modules that move data.
+
+use std::time::Duration;
+
+use mongodb::bson::doc;
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+
+use crate::redact::{redact_uri, Redacted};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShardConnectError {
+    #[error("{uri} is not a usable MongoDB connection string: {reason}")]
+    BadUri { uri: Redacted, reason: String },
+    #[error("{uri} did not answer a ping on database {database:?}: {reason}")]
+    NoAnswer {
+        uri: Redacted,
+        database: String,
+        reason: String,
+    },
+}
+
+/// A client for `uri`, with timeouts short enough that a dead shard is reported, not waited on.
+pub async fn client(uri: &str) -> Result<Client, ShardConnectError> {
+    let bad = |e: mongodb::error::Error| ShardConnectError::BadUri {
+        uri: Redacted::new(uri),
+        reason: redact_uri(&e.to_string()),
+    };
+    let mut options = ClientOptions::parse(uri).await.map_err(bad)?;
+    options.app_name.get_or_insert_with(|| "reshard".to_owned());
+    options
+        .server_selection_timeout
+        .get_or_insert(Duration::from_secs(10));
+    options
+        .connect_timeout
+        .get_or_insert(Duration::from_secs(5));
+    Client::with_options(options).map_err(bad)
+}
+
+/// Checks that the shard answers on its database.
+pub async fn ping(uri: &str, database: &str) -> Result<(), ShardConnectError> {
+    let client = client(uri).await?;
+    client
+        .database(database)
+        .run_command(doc! { "ping": 1 })
+        .await
+        .map(|_| ())
+        .map_err(|e| ShardConnectError::NoAnswer {
+            uri: Redacted::new(uri),
+            database: database.to_owned(),
+            reason: redact_uri(&e.to_string()),
+        })
+}

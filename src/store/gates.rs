@@ -1,0 +1,110 @@
+//! Gate checks, evaluated inside the transaction that would make a move. Each returns `Ok` when
+//! the gate holds and `GateClosed` naming what is missing when it does not.
+
+use sqlx::PgConnection;
+
+use super::migrations::Migration;
+use super::{StoreError, StoreResult};
+use crate::phase::Gate;
+
+pub(super) async fn check(
+    conn: &mut PgConnection,
+    migration: &Migration,
+    gate: Gate,
+) -> StoreResult<()> {
+    let closed = |detail: String| Err(StoreError::GateClosed { gate, detail });
+    match gate {
+        Gate::RoutersAcknowledged => {
+            let missing = super::routers::unacknowledged(conn, migration).await?;
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                let names = missing
+                    .iter()
+                    .map(|r| format!("{} ({}, pid {}, epoch {})", r.name, r.host, r.pid, r.acked))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                closed(format!(
+                    "{} live router(s) have not acknowledged epoch {}: {names}",
+                    missing.len(),
+                    migration.epoch
+                ))
+            }
+        }
+        Gate::BackfillComplete => {
+            if migration.backfill_planned_at.is_none() {
+                return closed(
+                    "the backfill has not been planned yet (run `reshard worker`)".into(),
+                );
+            }
+            work_left(conn, migration, "backfill")
+                .await?
+                .map_or(Ok(()), closed)?;
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM dead_letters WHERE migration_id = $1 AND status = 'open'",
+            )
+            .bind(migration.id)
+            .fetch_one(&mut *conn)
+            .await?;
+            if open > 0 {
+                return closed(format!(
+                    "{open} dead letter(s) are unresolved (`reshard deadletter list {}`)",
+                    migration.id
+                ));
+            }
+            Ok(())
+        }
+        Gate::ReconciliationPassed => {
+            let passed: Option<i64> = sqlx::query_scalar(
+                "SELECT r.id FROM reconciliation_runs r JOIN migrations m ON m.id = r.migration_id
+                 WHERE r.migration_id = $1 AND r.passed
+                   AND m.backfill_completed_at IS NOT NULL
+                   AND r.started_at >= m.backfill_completed_at
+                 ORDER BY r.id DESC LIMIT 1",
+            )
+            .bind(migration.id)
+            .fetch_optional(&mut *conn)
+            .await?;
+            match passed {
+                Some(_) => Ok(()),
+                None => closed(format!(
+                    "no passing reconciliation run since the backfill ended (`reshard reconcile {}`)",
+                    migration.id
+                )),
+            }
+        }
+        Gate::CleanupComplete => {
+            if migration.cleanup_planned_at.is_none() {
+                return closed("the cleanup has not been planned yet".into());
+            }
+            work_left(conn, migration, "cleanup")
+                .await?
+                .map_or(Ok(()), closed)
+        }
+        Gate::RevertComplete => {
+            if migration.revert_planned_at.is_none() {
+                return closed("the copy back to the source has not been planned yet".into());
+            }
+            work_left(conn, migration, "revert")
+                .await?
+                .map_or(Ok(()), closed)
+        }
+    }
+}
+
+/// `Some(description)` when partitions of `task` are not done yet.
+async fn work_left(
+    conn: &mut PgConnection,
+    migration: &Migration,
+    task: &str,
+) -> StoreResult<Option<String>> {
+    let (left, total): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state <> 'done'), count(*)
+         FROM partitions WHERE migration_id = $1 AND task = $2",
+    )
+    .bind(migration.id)
+    .bind(task)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((left > 0).then(|| format!("{left} of {total} {task} partition(s) are not done")))
+}

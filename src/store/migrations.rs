@@ -1,0 +1,330 @@
+//! Migrations and the one function that changes them: [`Store::transition`].
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{gates, Store, StoreError, StoreResult, CHANNEL};
+use crate::phase::{self, Action, Change, MigrationState, Phase};
+
+/// A migration row.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Migration {
+    pub id: i64,
+    pub collection: String,
+    pub from_version: i32,
+    pub to_version: i32,
+    #[sqlx(try_from = "String")]
+    pub phase: PhaseColumn,
+    pub epoch: i64,
+    pub paused: bool,
+    pub failure_reason: Option<String>,
+    pub settings: serde_json::Value,
+    pub backfill_planned_at: Option<DateTime<Utc>>,
+    pub backfill_completed_at: Option<DateTime<Utc>>,
+    pub cleanup_planned_at: Option<DateTime<Utc>>,
+    pub revert_planned_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A phase read from its text column (checked by a constraint in the schema).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct PhaseColumn(pub Phase);
+
+impl TryFrom<String> for PhaseColumn {
+    type Error = crate::phase::UnknownPhase;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse().map(PhaseColumn)
+    }
+}
+
+impl Migration {
+    pub fn phase(&self) -> Phase {
+        self.phase.0
+    }
+
+    pub fn state(&self) -> MigrationState {
+        MigrationState {
+            phase: self.phase(),
+            epoch: self.epoch,
+            paused: self.paused,
+            failure: self.failure_reason.clone(),
+        }
+    }
+
+    /// `backfill`, `backfill (paused)`, `cleanup (failed: ...)`.
+    pub fn status_text(&self) -> String {
+        match (&self.failure_reason, self.paused) {
+            (Some(reason), _) => format!("{} (failed: {reason})", self.phase()),
+            (None, true) => format!("{} (paused)", self.phase()),
+            (None, false) => self.phase().to_string(),
+        }
+    }
+}
+
+/// One entry of the append-only event log.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Event {
+    pub id: i64,
+    pub migration_id: i64,
+    pub at: DateTime<Utc>,
+    pub actor: String,
+    pub kind: String,
+    pub from_phase: Option<String>,
+    pub to_phase: Option<String>,
+    pub epoch: i64,
+    pub reason: Option<String>,
+    pub details: serde_json::Value,
+}
+
+/// What a transition did, or would do under `--dry-run`.
+#[derive(Clone, Debug)]
+pub struct Transition {
+    pub migration: Migration,
+    pub change: Change,
+    /// The event written; `None` for a dry run.
+    pub event_id: Option<i64>,
+}
+
+const MIGRATION_COLUMNS: &str = "id, collection, from_version, to_version, phase, epoch, paused,
+    failure_reason, settings, backfill_planned_at, backfill_completed_at, cleanup_planned_at,
+    revert_planned_at, created_at, updated_at, finished_at";
+
+impl Store {
+    /// Plans a migration of `collection` from version `from` to version `to`. Refused while the
+    /// collection has another active migration.
+    pub async fn create_migration(
+        &self,
+        collection: &str,
+        from: i32,
+        to: i32,
+        actor: &str,
+    ) -> StoreResult<Migration> {
+        if from == to {
+            return Err(StoreError::Conflict(format!(
+                "the collection is already at version {to}; nothing to migrate"
+            )));
+        }
+        self.version(collection, Some(from)).await?;
+        self.version(collection, Some(to)).await?;
+        let mut tx = self.pool().begin().await?;
+        let inserted: Result<Migration, sqlx::Error> = sqlx::query_as(&format!(
+            "INSERT INTO migrations (collection, from_version, to_version)
+             VALUES ($1, $2, $3) RETURNING {MIGRATION_COLUMNS}"
+        ))
+        .bind(collection)
+        .bind(from)
+        .bind(to)
+        .fetch_one(&mut *tx)
+        .await;
+        let migration = match inserted {
+            Ok(m) => m,
+            Err(sqlx::Error::Database(db))
+                if db.constraint() == Some("migrations_one_active_per_collection") =>
+            {
+                drop(tx);
+                let active = self.active_migration(collection).await?;
+                return Err(StoreError::Conflict(match active {
+                    Some(m) => format!(
+                        "collection {collection:?} already has an active migration: \
+                         {} (v{} -> v{}, {}); finish or roll it back first",
+                        m.id,
+                        m.from_version,
+                        m.to_version,
+                        m.status_text()
+                    ),
+                    None => format!("collection {collection:?} already has an active migration"),
+                }));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        insert_event(
+            &mut tx,
+            &migration,
+            actor,
+            "create",
+            None,
+            Some(Phase::Planned),
+            None,
+            json!({"from_version": from, "to_version": to}),
+        )
+        .await?;
+        notify(&mut tx, &migration).await?;
+        tx.commit().await?;
+        Ok(migration)
+    }
+
+    pub async fn migration(&self, id: i64) -> StoreResult<Migration> {
+        sqlx::query_as(&format!(
+            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {id}")))
+    }
+
+    pub async fn active_migration(&self, collection: &str) -> StoreResult<Option<Migration>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {MIGRATION_COLUMNS} FROM migrations
+             WHERE collection = $1 AND phase NOT IN ('completed', 'rolled_back')"
+        ))
+        .bind(collection)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    pub async fn migrations(&self, include_ended: bool) -> StoreResult<Vec<Migration>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {MIGRATION_COLUMNS} FROM migrations
+             WHERE $1 OR phase NOT IN ('completed', 'rolled_back')
+             ORDER BY id"
+        ))
+        .bind(include_ended)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    pub async fn events(&self, migration_id: i64) -> StoreResult<Vec<Event>> {
+        self.migration(migration_id).await?;
+        Ok(sqlx::query_as(
+            "SELECT id, migration_id, at, actor, kind, from_phase, to_phase, epoch, reason, details
+             FROM migration_events WHERE migration_id = $1 ORDER BY id",
+        )
+        .bind(migration_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// The one path by which a migration's phase, epoch, pause or failure changes. In one
+    /// transaction it locks the row, asks the phase machine whether `action` is allowed, checks
+    /// the move's gates, bumps the epoch (compare-and-set on the old one), appends the event
+    /// and notifies listeners. With `dry_run` it does all the checks and rolls back.
+    pub async fn transition(
+        &self,
+        id: i64,
+        action: &Action,
+        actor: &str,
+        reason: Option<&str>,
+        dry_run: bool,
+    ) -> StoreResult<Transition> {
+        let mut tx = self.pool().begin().await?;
+        let migration: Migration = sqlx::query_as(&format!(
+            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1 FOR UPDATE"
+        ))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {id}")))?;
+        let change = phase::plan(&migration.state(), action)?;
+        for gate in change.gates {
+            gates::check(&mut tx, &migration, *gate).await?;
+        }
+        if dry_run {
+            tx.rollback().await?;
+            return Ok(Transition {
+                migration,
+                change,
+                event_id: None,
+            });
+        }
+        let to = &change.to;
+        let updated: Option<Migration> = sqlx::query_as(&format!(
+            "UPDATE migrations
+             SET phase = $3, epoch = $4, paused = $5, failure_reason = $6, updated_at = now(),
+                 backfill_completed_at = CASE WHEN phase = 'backfill' AND $3 = 'reconcile'
+                                              THEN now() ELSE backfill_completed_at END,
+                 finished_at = CASE WHEN $7 THEN now() ELSE finished_at END
+             WHERE id = $1 AND epoch = $2
+             RETURNING {MIGRATION_COLUMNS}"
+        ))
+        .bind(id)
+        .bind(migration.epoch)
+        .bind(to.phase.as_str())
+        .bind(to.epoch)
+        .bind(to.paused)
+        .bind(&to.failure)
+        .bind(to.phase.is_terminal())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let updated = updated.ok_or_else(|| {
+            StoreError::Lost(format!(
+                "migration {id} changed while this change was checked"
+            ))
+        })?;
+        let details = json!({
+            "gates": change.gates.iter().map(|g| g.as_str()).collect::<Vec<_>>(),
+            "paused": to.paused,
+            "failure": to.failure,
+        });
+        let reason = reason.or(match action {
+            Action::Fail(why) => Some(why.as_str()),
+            _ => None,
+        });
+        let event_id = insert_event(
+            &mut tx,
+            &updated,
+            actor,
+            action.kind(),
+            Some(change.from.phase),
+            Some(to.phase),
+            reason,
+            details,
+        )
+        .await?;
+        notify(&mut tx, &updated).await?;
+        tx.commit().await?;
+        Ok(Transition {
+            migration: updated,
+            change,
+            event_id: Some(event_id),
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn insert_event(
+    conn: &mut sqlx::PgConnection,
+    migration: &Migration,
+    actor: &str,
+    kind: &str,
+    from: Option<Phase>,
+    to: Option<Phase>,
+    reason: Option<&str>,
+    details: serde_json::Value,
+) -> StoreResult<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO migration_events
+             (migration_id, actor, kind, from_phase, to_phase, epoch, reason, details)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+    )
+    .bind(migration.id)
+    .bind(actor)
+    .bind(kind)
+    .bind(from.map(|p| p.as_str()))
+    .bind(to.map(|p| p.as_str()))
+    .bind(migration.epoch)
+    .bind(reason)
+    .bind(details)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Tells listeners (routers, workers, watchers) that a migration changed. Delivered on commit.
+async fn notify(conn: &mut sqlx::PgConnection, migration: &Migration) -> StoreResult<()> {
+    let payload = json!({
+        "id": migration.id,
+        "collection": migration.collection,
+        "phase": migration.phase().as_str(),
+        "epoch": migration.epoch,
+    });
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(payload.to_string())
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The state store: every SQL statement of reshard lives in this module tree.
+//!
+//! Postgres holds the truth about shards, routing versions, migrations and their phases,
+//! routers, partitions, dead letters and reconciliation runs. `NOTIFY` is a nudge for listeners;
+//! the rows are what they act on.
+
+mod gates;
+pub mod migrations;
+pub mod routers;
+pub mod shards;
+pub mod versions;
+
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+use crate::error::Error;
+use crate::phase::{Gate, MoveError};
+use crate::redact::Redacted;
+
+/// The schema migrations, embedded in the binary.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The channel on which every persisted migration change is announced.
+pub const CHANNEL: &str = "reshard_migrations";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot reach the state store {url}: {reason}")]
+    Unreachable { url: Redacted, reason: String },
+    #[error("the state store {url} {state}; run `reshard db migrate` first")]
+    SchemaBehind { url: Redacted, state: String },
+    #[error("the state store {url} has schema migrations this binary does not know ({unknown}); use a newer reshard")]
+    SchemaAhead { url: Redacted, unknown: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Move(#[from] MoveError),
+    #[error("gate {gate} is closed: {detail}")]
+    GateClosed { gate: Gate, detail: String },
+    #[error("a concurrent change won: {0}")]
+    Lost(String),
+    #[error("state store query failed: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+impl From<StoreError> for Error {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Unreachable { .. }
+            | StoreError::SchemaBehind { .. }
+            | StoreError::SchemaAhead { .. }
+            | StoreError::NotFound(_)
+            | StoreError::Conflict(_)
+            | StoreError::Move(_) => Error::BadInput(err.to_string()),
+            StoreError::GateClosed { .. } | StoreError::Lost(_) | StoreError::Sql(_) => {
+                Error::Failed(anyhow::Error::new(err))
+            }
+        }
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A connection pool to the state store, and the (redacted) URL it came from.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: PgPool,
+    url: Redacted,
+}
+
+impl Store {
+    /// Connects without checking the schema (for `db migrate` and `db status`).
+    pub async fn connect_unchecked(url: &str) -> StoreResult<Store> {
+        let url = Redacted::new(url);
+        let unreachable = |reason: String| StoreError::Unreachable {
+            url: url.clone(),
+            reason: crate::redact::redact_uri(&reason),
+        };
+        let options: PgConnectOptions = url
+            .expose()
+            .parse()
+            .map_err(|e: sqlx::Error| unreachable(format!("not a PostgreSQL URL ({e})")))?;
+        let options = options
+            .application_name("reshard")
+            .log_statements(tracing::log::LevelFilter::Trace);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        Ok(Store { pool, url })
+    }
+
+    /// Connects and refuses to go on unless every migration this binary knows is applied.
+    pub async fn connect(url: &str) -> StoreResult<Store> {
+        let store = Store::connect_unchecked(url).await?;
+        store.check_schema().await?;
+        Ok(store)
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn url(&self) -> &Redacted {
+        &self.url
+    }
+
+    pub async fn migrate(&self) -> StoreResult<Vec<i64>> {
+        let before = self.applied_versions().await?;
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| StoreError::Conflict(format!("migration failed: {e}")))?;
+        let after = self.applied_versions().await?;
+        Ok(after.into_iter().filter(|v| !before.contains(v)).collect())
+    }
+
+    /// Applied schema migration versions, oldest first; empty when none is applied.
+    pub async fn applied_versions(&self) -> StoreResult<Vec<i64>> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
+        if !exists {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar(
+            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn check_schema(&self) -> StoreResult<()> {
+        let applied = self.applied_versions().await?;
+        let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+        let unknown: Vec<String> = applied
+            .iter()
+            .filter(|v| !known.contains(v))
+            .map(|v| v.to_string())
+            .collect();
+        if !unknown.is_empty() {
+            return Err(StoreError::SchemaAhead {
+                url: self.url.clone(),
+                unknown: unknown.join(", "),
+            });
+        }
+        let missing = known.iter().filter(|v| !applied.contains(v)).count();
+        if missing > 0 {
+            let state = if applied.is_empty() {
+                "has no reshard schema".to_owned()
+            } else {
+                format!(
+                    "is {missing} schema migration(s) behind ({} of {} applied)",
+                    applied.len(),
+                    known.len()
+                )
+            };
+            return Err(StoreError::SchemaBehind {
+                url: self.url.clone(),
+                state,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,438 @@
+//! The command line, run as a built binary against a real PostgreSQL (a fresh database per
+//! test) and real MongoDB-wire servers. JSON output is parsed, not matched as text.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use serde_json::Value;
+use support::{MongoServer, PgDb};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// Runs `reshard` against `db` and returns its output, whatever the exit code.
+fn reshard(db: &PgDb, args: &[&str]) -> Output {
+    assert_cmd::Command::cargo_bin("reshard")
+        .unwrap()
+        .env("RESHARD_DATABASE_URL", db.url())
+        .env_remove("DATABASE_URL")
+        .env_remove("RESHARD_LOG")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Runs `reshard ... --output json`, requires exit 0 and parses stdout.
+fn json(db: &PgDb, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--output", "json"]);
+    let out = reshard(db, &all);
+    assert!(
+        out.status.success(),
+        "reshard {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "reshard {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited normally")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A migrated store with shards s1..s4 on one real server and orders v1 and v2.
+async fn prepared(server: &MongoServer) -> PgDb {
+    let db = PgDb::fresh().await;
+    json(&db, &["db", "migrate"]);
+    for name in ["s1", "s2", "s3", "s4"] {
+        let database = format!("shard_{name}");
+        json(
+            &db,
+            &[
+                "shard",
+                "add",
+                name,
+                "--uri",
+                &server.uri(),
+                "--database",
+                &database,
+            ],
+        );
+    }
+    for file in ["orders_v1.yaml", "orders_v2.yaml"] {
+        let path = fixture("versions").join(file);
+        json(
+            &db,
+            &[
+                "version",
+                "create",
+                "--collection",
+                "orders",
+                "--file",
+                path.to_str().unwrap(),
+            ],
+        );
+    }
+    db
+}
+
+#[tokio::test]
+async fn db_migrate_is_idempotent_and_status_lists_every_migration() {
+    let db = PgDb::fresh().await;
+    let first = json(&db, &["db", "migrate"]);
+    assert!(!first["applied"].as_array().unwrap().is_empty());
+    let second = json(&db, &["db", "migrate"]);
+    assert_eq!(second["applied"], serde_json::json!([]));
+    let status = json(&db, &["db", "status"]);
+    assert!(status
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["applied"] == true));
+}
+
+#[tokio::test]
+async fn shards_are_added_listed_redacted_and_removed_only_when_unused() {
+    let server = MongoServer::start().await;
+    let db = PgDb::fresh().await;
+    json(&db, &["db", "migrate"]);
+    // A password in the URI is stored but never shown.
+    let with_password = server
+        .uri()
+        .replacen("mongodb://", "mongodb://app:hunter2@", 1);
+    json(
+        &db,
+        &[
+            "shard",
+            "add",
+            "s1",
+            "--uri",
+            &with_password,
+            "--database",
+            "a",
+            "--no-check",
+        ],
+    );
+    json(
+        &db,
+        &[
+            "shard",
+            "add",
+            "s2",
+            "--uri",
+            &server.uri(),
+            "--database",
+            "b",
+        ],
+    );
+    let list = reshard(&db, &["shard", "list"]);
+    assert!(!String::from_utf8_lossy(&list.stdout).contains("hunter2"));
+    let list = json(&db, &["shard", "list"]);
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["s1", "s2"]);
+    assert!(list[0]["uri"].as_str().unwrap().contains("app:***@"));
+
+    let again = reshard(
+        &db,
+        &[
+            "shard",
+            "add",
+            "s2",
+            "--uri",
+            &server.uri(),
+            "--database",
+            "b",
+        ],
+    );
+    assert_eq!(code(&again), 2);
+    assert!(
+        stderr(&again).contains("already registered"),
+        "{}",
+        stderr(&again)
+    );
+
+    json(&db, &["shard", "remove", "s2"]);
+    let list = json(&db, &["shard", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn versions_are_numbered_per_collection_and_shown() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let list = json(&db, &["version", "list", "--collection", "orders"]);
+    let numbers: Vec<i64> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["version"].as_i64().unwrap())
+        .collect();
+    assert_eq!(numbers, [1, 2]);
+    let v2 = json(&db, &["version", "show", "--collection", "orders"]);
+    assert_eq!(v2["version"], 2);
+    assert_eq!(v2["layout"]["routing_field"], "bucket");
+    let v1 = json(
+        &db,
+        &[
+            "version",
+            "show",
+            "--collection",
+            "orders",
+            "--version",
+            "1",
+        ],
+    );
+    assert_eq!(v1["layout"]["placement"].as_array().unwrap().len(), 3);
+    let text = reshard(&db, &["version", "show", "--collection", "orders"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("16 for tenant cust-hot"), "{text}");
+    assert!(text.contains("orders_v2"), "{text}");
+
+    // A shard used by a version cannot be removed.
+    let out = reshard(&db, &["shard", "remove", "s4"]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("orders v2"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn a_migration_moves_through_its_phases_and_every_change_is_logged() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    assert_eq!(m["from_version"], 1);
+    assert_eq!(m["phase"], "planned");
+    let id = m["id"].as_i64().unwrap().to_string();
+
+    let dry = json(
+        &db,
+        &[
+            "migration",
+            "advance",
+            &id,
+            "--to",
+            "dual_read",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(json(&db, &["migration", "show", &id])["phase"], "planned");
+
+    for phase in ["dual_read", "write_switch", "new_writes", "backfill"] {
+        let t = json(
+            &db,
+            &[
+                "migration",
+                "advance",
+                &id,
+                "--to",
+                phase,
+                "--reason",
+                "test",
+            ],
+        );
+        assert_eq!(t["to"]["phase"], phase);
+    }
+    let shown = json(&db, &["migration", "show", &id]);
+    assert_eq!(shown["phase"], "backfill");
+    assert_eq!(shown["epoch"], 5);
+
+    // The backfill gate is closed: nothing was planned, so nothing can count as copied.
+    let out = reshard(&db, &["migration", "advance", &id, "--to", "reconcile"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("backfill_complete"),
+        "{}",
+        stderr(&out)
+    );
+
+    let paused = json(&db, &["migration", "pause", &id, "--reason", "night"]);
+    assert_eq!(paused["to"]["paused"], true);
+    let out = reshard(&db, &["migration", "advance", &id, "--to", "reconcile"]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("paused"), "{}", stderr(&out));
+    json(&db, &["migration", "resume", &id]);
+
+    let history = json(&db, &["migration", "history", &id]);
+    let kinds: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["create", "advance", "advance", "advance", "advance", "pause", "resume"]
+    );
+    assert_eq!(history[1]["from_phase"], "planned");
+    assert_eq!(history[1]["to_phase"], "dual_read");
+    assert_eq!(history[1]["reason"], "test");
+    assert_eq!(history[5]["reason"], "night");
+    let epochs: Vec<i64> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["epoch"].as_i64().unwrap())
+        .collect();
+    assert_eq!(epochs, [1, 2, 3, 4, 5, 6, 7]);
+
+    let list = json(&db, &["migration", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_live_router_that_has_not_acknowledged_holds_the_barrier() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let id = m["id"].as_i64().unwrap();
+    json(
+        &db,
+        &["migration", "advance", &id.to_string(), "--to", "dual_read"],
+    );
+    let pool = db.pool().await;
+    sqlx::query(
+        "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at, migration_id, acked_epoch)
+         VALUES (gen_random_uuid(), 'orders', 'orders-api', 'web-1', 4242, now() + interval '1 minute', $1, 1)",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let out = reshard(
+        &db,
+        &[
+            "migration",
+            "advance",
+            &id.to_string(),
+            "--to",
+            "write_switch",
+        ],
+    );
+    assert_eq!(code(&out), 1);
+    assert!(
+        stderr(&out).contains("orders-api (web-1, pid 4242, epoch 1)"),
+        "{}",
+        stderr(&out)
+    );
+    // Once it acknowledges the current epoch the barrier opens.
+    sqlx::query("UPDATE routers SET acked_epoch = 2")
+        .execute(&pool)
+        .await
+        .unwrap();
+    json(
+        &db,
+        &[
+            "migration",
+            "advance",
+            &id.to_string(),
+            "--to",
+            "write_switch",
+        ],
+    );
+}
+
+#[tokio::test]
+async fn two_concurrent_advances_of_one_migration_make_exactly_one_move() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let id = m["id"].as_i64().unwrap().to_string();
+    let bin = assert_cmd::cargo::cargo_bin("reshard");
+    let spawn = || {
+        std::process::Command::new(&bin)
+            .env("RESHARD_DATABASE_URL", db.url())
+            .args(["migration", "advance", &id, "--to", "dual_read"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let mut codes = [code(&a), code(&b)];
+    codes.sort();
+    assert_eq!(codes, [0, 2], "a: {} b: {}", stderr(&a), stderr(&b));
+    let history = json(&db, &["migration", "history", &id]);
+    let advances = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "advance")
+        .count();
+    assert_eq!(advances, 1);
+    assert_eq!(json(&db, &["migration", "show", &id])["epoch"], 2);
+}
+
+#[tokio::test]
+async fn route_explain_follows_the_phase() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let explain = |db: &PgDb| {
+        json(
+            db,
+            &[
+                "route",
+                "explain",
+                "--collection",
+                "orders",
+                "--tenant",
+                "cust-hot",
+                "--id",
+                "int:7",
+            ],
+        )
+    };
+    let before = explain(&db);
+    assert_eq!(before["phase"], Value::Null);
+    assert_eq!(before["placements"][0]["role"], "current");
+    assert_eq!(before["placements"][0]["sub_bucket"], 0);
+    assert_eq!(before["read_path"], before["write_path"]);
+
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let id = m["id"].as_i64().unwrap().to_string();
+    for phase in ["dual_read", "write_switch", "new_writes"] {
+        json(&db, &["migration", "advance", &id, "--to", phase]);
+    }
+    let during = explain(&db);
+    assert_eq!(during["phase"], "new_writes");
+    let source = &during["placements"][0];
+    let target = &during["placements"][1];
+    assert_eq!(target["role"], "target");
+    let t_loc = target["locations"][0].as_str().unwrap();
+    let s_loc = source["locations"][0].as_str().unwrap();
+    assert_eq!(during["write_path"], serde_json::json!([t_loc]));
+    assert_eq!(during["read_path"], serde_json::json!([t_loc, s_loc]));
+    // The hot tenant has 16 buckets in v2: the sub-bucket is the id's hash mod 16.
+    let expected = reshard::routing::hash(&7i64.to_le_bytes()) % 16;
+    assert_eq!(target["sub_bucket"].as_u64().unwrap(), expected);
+}

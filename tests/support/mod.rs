@@ -1,0 +1,56 @@
+#![allow(dead_code, unused_imports)]
+//! Real-server fixtures shared by the integration tests (`mod support;`).
+//!
+//! * [`PgDb`]: a throw-away PostgreSQL database, dropped (`WITH (FORCE)`) on `Drop`.
+//! * [`MongoServer`]: one MongoDB-compatible server process per fixture. By default a
+//!   SecantusDB process (`secantusd-py`, installed into `.venv` by
+//!   `scripts/install-secantus.sh`); with `--features containers` an official `mongo`
+//!   image through testcontainers (and `postgres` for [`PgDb`]).
+//! * [`Shards`]: `n` servers named `s1..sn`.
+//! * [`bin`]: an `assert_cmd::Command` for the `reshard` binary wired to a [`PgDb`].
+//!
+//! Environment:
+//! * `RESHARD_TEST_PG_URL`: admin URL of the PostgreSQL server the test databases are
+//!   created on (default `postgres://postgres@127.0.0.1:5432/postgres`). With
+//!   `--features containers` it is optional: when unset, each `PgDb` gets its own container.
+//! * `RESHARD_SECANTUSD`: path of `secantusd-py` (default `<crate>/.venv/bin/secantusd-py`).
+//! * `RESHARD_HEAVY_TESTS=1`: enables the heavy tests (see [`heavy_tests_enabled`]).
+
+mod common;
+pub use common::*;
+mod pg_common;
+
+#[cfg(not(feature = "containers"))]
+mod mongo_local;
+#[cfg(not(feature = "containers"))]
+pub use mongo_local::*;
+#[cfg(not(feature = "containers"))]
+mod pg_local;
+#[cfg(not(feature = "containers"))]
+pub use pg_local::*;
+
+#[cfg(feature = "containers")]
+mod containers;
+#[cfg(feature = "containers")]
+pub use containers::*;
+
+mod shards;
+pub use shards::*;
+
+/// An `assert_cmd::Command` for the `reshard` binary with `RESHARD_DATABASE_URL` pointing
+/// at `pg` and `RESHARD_LOG` removed from the environment.
+pub fn bin(pg: &PgDb) -> assert_cmd::Command {
+    let mut cmd = bin_without_db();
+    cmd.env("RESHARD_DATABASE_URL", pg.url());
+    cmd
+}
+
+/// An `assert_cmd::Command` for the `reshard` binary with neither `RESHARD_DATABASE_URL`
+/// nor `RESHARD_LOG` set.
+pub fn bin_without_db() -> assert_cmd::Command {
+    // Same file as `Command::cargo_bin("reshard")`, resolved at compile time.
+    let mut cmd = assert_cmd::Command::new(env!("CARGO_BIN_EXE_reshard"));
+    cmd.env_remove("RESHARD_DATABASE_URL");
+    cmd.env_remove("RESHARD_LOG");
+    cmd
+}
