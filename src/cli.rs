@@ -165,6 +165,14 @@ pub enum MigrationCommand {
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
+        /// How long to wait for every live router to acknowledge a phase that changes router
+        /// behaviour, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// How long routers may take to acknowledge the write switch, in seconds; when it runs
+        /// out the migration goes back to dual_read and nothing was lost.
+        #[arg(long, default_value_t = 10)]
+        switch_timeout: u64,
     },
     /// Stop workers from taking new work; routers are unaffected.
     Pause {

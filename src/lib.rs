@@ -6,6 +6,7 @@
 
 pub mod cli;
 mod commands;
+pub mod copy;
 pub mod error;
 mod logging;
 pub mod mongo;
@@ -13,9 +14,11 @@ pub mod output;
 pub mod phase;
 pub mod protocol;
 pub mod redact;
+pub mod router;
 pub mod routing;
 pub mod spec;
 pub mod store;
+pub mod throttle;
 
 use std::process::ExitCode;
 

@@ -1,12 +1,14 @@
 //! `reshard migration`: planning migrations and moving them through their phases.
 
+use std::time::{Duration, Instant};
+
 use serde_json::json;
 
 use crate::cli::MigrationCommand;
 use crate::commands::Ctx;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::output;
-use crate::phase::Action;
+use crate::phase::{Action, Phase};
 use crate::store::migrations::{Migration, Transition};
 
 pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
@@ -72,6 +74,8 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             to,
             dry_run,
             reason,
+            timeout,
+            switch_timeout,
         } => {
             let t = ctx
                 .store
@@ -83,7 +87,18 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                     dry_run,
                 )
                 .await?;
-            report(ctx, &t, dry_run)
+            report(ctx, &t, dry_run)?;
+            if dry_run || !t.change.from.phase.changes_router_behaviour(to) {
+                return Ok(());
+            }
+            let (switch_timeout, timeout) = (
+                Duration::from_secs(switch_timeout),
+                Duration::from_secs(timeout),
+            );
+            if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) {
+                return write_switch(ctx, &t, switch_timeout, timeout).await;
+            }
+            barrier(ctx, &t.migration, timeout).await
         }
         MigrationCommand::Pause { id, reason } => {
             let t = ctx
@@ -201,4 +216,93 @@ fn report(ctx: &Ctx, t: &Transition, dry_run: bool) -> Result<()> {
             }
         }
     })
+}
+
+/// Waits until every router with a live lease has acknowledged the migration's epoch. A router
+/// whose lease expires stops counting: it refuses operations until it refreshes, and a refresh
+/// brings it to the current epoch.
+async fn barrier(ctx: &Ctx, migration: &Migration, timeout: Duration) -> Result<()> {
+    let started = Instant::now();
+    let mut last_report = None;
+    loop {
+        let missing = ctx.store.unacknowledged_routers(migration).await?;
+        if missing.is_empty() {
+            if last_report.is_some() {
+                eprintln!(
+                    "every live router acknowledged epoch {} after {:.1}s",
+                    migration.epoch,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            return Ok(());
+        }
+        let names = missing
+            .iter()
+            .map(|r| format!("{} ({}, pid {}, epoch {})", r.name, r.host, r.pid, r.acked))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if started.elapsed() >= timeout {
+            return Err(Error::failed(format!(
+                "{} router(s) did not acknowledge epoch {} of migration {} within {}s: {names}; \
+                 the phase is {} and the next move waits for them",
+                missing.len(),
+                migration.epoch,
+                migration.id,
+                timeout.as_secs(),
+                migration.phase()
+            )));
+        }
+        if last_report.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(2)) {
+            eprintln!(
+                "waiting for {} router(s) to acknowledge epoch {}: {names}",
+                missing.len(),
+                migration.epoch
+            );
+            last_report = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The write switch: once every live router holds its writes and has drained, no one writes
+/// the old side, and the migration moves on at once. If the acknowledgements do not all arrive
+/// in time, the migration goes back and nothing was lost.
+async fn write_switch(
+    ctx: &Ctx,
+    entered: &Transition,
+    switch_timeout: Duration,
+    timeout: Duration,
+) -> Result<()> {
+    let (forward, back) = match entered.change.to.phase {
+        Phase::RevertSwitch => (Phase::RolledBack, Phase::Reverting),
+        _ => (Phase::NewWrites, Phase::DualRead),
+    };
+    let id = entered.migration.id;
+    match barrier(ctx, &entered.migration, switch_timeout).await {
+        Ok(()) => {
+            let t = ctx
+                .store
+                .transition(
+                    id,
+                    &Action::Advance(forward),
+                    &ctx.actor,
+                    Some("write switch acknowledged"),
+                    false,
+                )
+                .await?;
+            report(ctx, &t, false)?;
+            barrier(ctx, &t.migration, timeout).await
+        }
+        Err(waited) => {
+            let why = format!("write switch timed out: {waited}");
+            let t = ctx
+                .store
+                .transition(id, &Action::Advance(back), &ctx.actor, Some(&why), false)
+                .await?;
+            report(ctx, &t, false)?;
+            Err(Error::failed(format!(
+                "{why}; migration {id} went back to {back}, nothing was lost"
+            )))
+        }
+    }
 }

@@ -1,0 +1,296 @@
+//! Turns the protocol's single-document steps into MongoDB commands on the right location,
+//! and stamps what the router writes (`_reshard`, the routing field).
+
+use mongodb::bson::{doc, Bson, DateTime, Document};
+use mongodb::error::{ErrorKind, WriteFailure};
+use mongodb::Collection;
+
+use super::{Inner, RouterError, Snapshot};
+use crate::protocol::{
+    Answer, Found, Next, Operation, OperationMachine, Outcome, Payload, Side, Step,
+};
+use crate::routing::{KeyValue, Located, Location, RoutingVersion};
+
+/// The field every document written through reshard carries: `{src, epoch}` and, on a
+/// tombstone, `{deleted: true, at, epoch}`.
+pub const META: &str = "_reshard";
+const DUPLICATE_KEY: i32 = 11000;
+
+/// The keys of the document an operation addresses, as given and as routing keys.
+pub struct Keys<'a> {
+    pub tenant: &'a Bson,
+    pub id: &'a Bson,
+    pub tenant_key: &'a KeyValue,
+    pub id_key: &'a KeyValue,
+}
+
+/// Runs one protocol machine to its outcome.
+pub async fn run_operation(
+    inner: &Inner,
+    snapshot: &Snapshot,
+    keys: &Keys<'_>,
+    op: Operation<Document, Document>,
+) -> Result<Outcome<Document>, RouterError> {
+    let mut places = Places::default();
+    let mut machine = OperationMachine::new(snapshot.phase, op);
+    let mut answer = None;
+    loop {
+        match machine.next(answer.take())? {
+            Next::Done(outcome) => return Ok(outcome),
+            Next::Do(step) => {
+                answer = Some(execute(inner, snapshot, keys, &mut places, step).await?);
+            }
+        }
+    }
+}
+
+/// Where the document was found on each side, for layouts that list several candidate
+/// locations (`fanout`): later writes on that side go where it was found.
+#[derive(Default)]
+struct Places {
+    source: Option<Location>,
+    target: Option<Location>,
+}
+
+impl Places {
+    fn slot(&mut self, side: Side) -> &mut Option<Location> {
+        match side {
+            Side::Source => &mut self.source,
+            Side::Target => &mut self.target,
+        }
+    }
+}
+
+fn version(snapshot: &Snapshot, side: Side) -> &RoutingVersion {
+    match side {
+        Side::Source => &snapshot.source,
+        Side::Target => &snapshot.target,
+    }
+}
+
+fn collection(inner: &Inner, location: &Location) -> Result<Collection<Document>, RouterError> {
+    super::exec_collection(inner, location)
+}
+
+async fn execute(
+    inner: &Inner,
+    snapshot: &Snapshot,
+    keys: &Keys<'_>,
+    places: &mut Places,
+    step: Step<Document, Document>,
+) -> Result<Answer<Document>, RouterError> {
+    let wc = inner.config.write_concern.clone();
+    let side = step_side(&step);
+    if let Some(hook) = &inner.config.step_hook {
+        hook(step_event(&step, side)).await;
+    }
+    let v = version(snapshot, side);
+    let located = v.locate(keys.tenant_key, keys.id_key)?;
+    let by_id = doc! { "_id": keys.id.clone() };
+    let live = doc! { "_id": keys.id.clone(), format!("{META}.deleted"): { "$ne": true } };
+    let tombstone = doc! { "_id": keys.id.clone(), format!("{META}.deleted"): true };
+    if let Step::Find(_) = step {
+        for location in &located.locations {
+            if let Some(found) = collection(inner, location)?.find_one(by_id.clone()).await? {
+                *places.slot(side) = Some(location.clone());
+                return Ok(Answer::Found(if is_tombstone(&found) {
+                    Found::Tombstone
+                } else {
+                    Found::Live(found)
+                }));
+            }
+        }
+        return Ok(Answer::Found(Found::Absent));
+    }
+    let location = places
+        .slot(side)
+        .clone()
+        .unwrap_or_else(|| located.locations[0].clone());
+    let coll = collection(inner, &location)?;
+    let materialise =
+        |payload: Payload<Document>| materialise(snapshot, v, &located, keys, payload);
+    Ok(match step {
+        Step::Find(_) => unreachable!("handled above"),
+        Step::Insert(_, payload) => {
+            match coll
+                .insert_one(materialise(payload))
+                .write_concern(wc)
+                .await
+            {
+                Ok(_) => Answer::Inserted,
+                Err(e) if is_duplicate_key(&e) => Answer::DuplicateKey,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Step::ReplaceLive(_, payload) => {
+            let r = coll
+                .replace_one(live, materialise(payload))
+                .write_concern(wc)
+                .await?;
+            Answer::Matched(r.matched_count == 1)
+        }
+        Step::ReplaceTombstone(_, payload) => {
+            let r = coll
+                .replace_one(tombstone, materialise(payload))
+                .write_concern(wc)
+                .await?;
+            Answer::Matched(r.matched_count == 1)
+        }
+        Step::UpdateLive(_, update) => {
+            let update = stamp_update(update, snapshot, v, &located);
+            let r = coll.update_one(live, update).write_concern(wc).await?;
+            Answer::Matched(r.matched_count == 1)
+        }
+        Step::Delete(_) => {
+            let r = coll.delete_one(by_id).write_concern(wc).await?;
+            Answer::Matched(r.deleted_count == 1)
+        }
+    })
+}
+
+fn step_event<D, U>(step: &Step<D, U>, side: Side) -> super::StepEvent {
+    let payload_name = |p: &Payload<D>| match p {
+        Payload::App(_) => "app",
+        Payload::Copy(_) => "copy",
+        Payload::Tombstone => "tombstone",
+    };
+    let (step, payload) = match step {
+        Step::Find(_) => ("find", None),
+        Step::Insert(_, p) => ("insert", Some(payload_name(p))),
+        Step::ReplaceLive(_, p) => ("replace_live", Some(payload_name(p))),
+        Step::ReplaceTombstone(_, p) => ("replace_tombstone", Some(payload_name(p))),
+        Step::UpdateLive(_, _) => ("update_live", None),
+        Step::Delete(_) => ("delete", None),
+    };
+    super::StepEvent {
+        step,
+        side,
+        payload,
+    }
+}
+
+fn step_side<D, U>(step: &Step<D, U>) -> Side {
+    match step {
+        Step::Find(s)
+        | Step::Insert(s, _)
+        | Step::ReplaceLive(s, _)
+        | Step::ReplaceTombstone(s, _)
+        | Step::UpdateLive(s, _)
+        | Step::Delete(s) => *s,
+    }
+}
+
+pub fn is_tombstone(doc: &Document) -> bool {
+    doc.get_document(META)
+        .ok()
+        .and_then(|m| m.get_bool("deleted").ok())
+        .unwrap_or(false)
+}
+
+pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+    match e.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(we)) => we.code == DUPLICATE_KEY,
+        ErrorKind::Command(ce) => ce.code == DUPLICATE_KEY,
+        _ => false,
+    }
+}
+
+/// The document as the application sees it: without reshard's bookkeeping.
+pub fn strip_metadata(mut doc: Document) -> Document {
+    doc.remove(META);
+    doc
+}
+
+fn materialise(
+    snapshot: &Snapshot,
+    version: &RoutingVersion,
+    located: &Located,
+    keys: &Keys<'_>,
+    payload: Payload<Document>,
+) -> Document {
+    let (mut doc, meta) = match payload {
+        Payload::App(d) => (d, doc! { "src": "app", "epoch": snapshot.epoch }),
+        Payload::Copy(d) => (d, doc! { "src": "copy", "epoch": snapshot.epoch }),
+        Payload::Tombstone => {
+            let mut d = doc! { "_id": keys.id.clone() };
+            d.insert(version.tenant_key.clone(), keys.tenant.clone());
+            (
+                d,
+                doc! { "deleted": true, "at": DateTime::now(), "epoch": snapshot.epoch },
+            )
+        }
+    };
+    if let Some(field) = version.routing_field() {
+        doc.insert(field, located.sub_bucket as i32);
+    }
+    doc.insert(META, meta);
+    doc
+}
+
+fn stamp_update(
+    mut update: Document,
+    snapshot: &Snapshot,
+    version: &RoutingVersion,
+    located: &Located,
+) -> Document {
+    let mut set = update.get_document("$set").cloned().unwrap_or_default();
+    set.insert(format!("{META}.src"), "app");
+    set.insert(format!("{META}.epoch"), snapshot.epoch);
+    if let Some(field) = version.routing_field() {
+        set.insert(field, located.sub_bucket as i32);
+    }
+    update.insert("$set", set);
+    update
+}
+
+/// Fields no write may set: the tenant key, the id, the routing fields, `_reshard`.
+fn immutable(snapshot: &Snapshot, path: &str) -> bool {
+    let mut fixed = vec!["_id", META, snapshot.target.tenant_key.as_str()];
+    fixed.extend(snapshot.source.routing_field());
+    fixed.extend(snapshot.target.routing_field());
+    fixed
+        .iter()
+        .any(|f| path == *f || path.starts_with(&format!("{f}.")))
+}
+
+/// A whole document the application writes may not carry reshard's bookkeeping.
+pub fn check_document(doc: &Document) -> Result<(), RouterError> {
+    if doc.contains_key(META) {
+        return Err(RouterError::InvalidUpdate(format!(
+            "{META} is reserved for reshard's bookkeeping"
+        )));
+    }
+    Ok(())
+}
+
+/// A partial update must use update operators and leave the immutable fields alone.
+pub fn check_update(snapshot: &Snapshot, update: &Document) -> Result<(), RouterError> {
+    if update.is_empty() {
+        return Err(RouterError::InvalidUpdate("the update is empty".into()));
+    }
+    for (op, fields) in update {
+        if !op.starts_with('$') {
+            return Err(RouterError::InvalidUpdate(format!(
+                "{op:?} is not an update operator; use replace() for whole documents"
+            )));
+        }
+        let Bson::Document(fields) = fields else {
+            return Err(RouterError::InvalidUpdate(format!(
+                "{op} must be given a document"
+            )));
+        };
+        for (path, value) in fields {
+            if immutable(snapshot, path) {
+                return Err(RouterError::ImmutableField(path.clone()));
+            }
+            if op == "$rename" {
+                if let Bson::String(to) = value {
+                    if immutable(snapshot, to) {
+                        return Err(RouterError::ImmutableField(to.clone()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

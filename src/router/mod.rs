@@ -1,0 +1,614 @@
+//! The router applications embed: it reads and writes one collection through the current phase
+//! of its migration, so that the phases actually happen in the application's traffic.
+//!
+//! A [`Router`] loads the collection's routing versions and its active migration from the state
+//! store, listens for `NOTIFY` and also polls, registers itself and heartbeats a lease. When the
+//! migration's epoch changes it stops starting operations under the old epoch, waits for the
+//! ones in flight to finish, switches, and acknowledges the new epoch with its next heartbeat.
+//! If it cannot renew its lease within the lease's time to live (measured on a monotonic clock
+//! from the start of the last successful renewal) it refuses operations with
+//! [`RouterError::RoutingStale`] until it can: the driver treats such a router as gone once its
+//! lease expired, so it must not act on what may be an old phase.
+//!
+//! Every operation runs one of the pure [`crate::protocol`] machines against the shards; this
+//! module only turns their steps into MongoDB commands.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), reshard::router::RouterError> {
+//! use mongodb::bson::doc;
+//! use reshard::router::{Router, RouterConfig};
+//!
+//! let router = Router::connect(
+//!     "postgres://postgres@127.0.0.1/reshard",
+//!     "orders",
+//!     RouterConfig::named("orders-api"),
+//! )
+//! .await?;
+//! router
+//!     .insert(doc! { "_id": "o-1", "customerId": "cust-7", "total": 12 })
+//!     .await?;
+//! router
+//!     .update("cust-7", "o-1", doc! { "$inc": { "total": 3 } })
+//!     .await?;
+//! let order = router.get("cust-7", "o-1").await?;
+//! assert_eq!(order.unwrap().get_i32("total").unwrap(), 15);
+//! let page = router.list_tenant("cust-7", None, 100).await?;
+//! assert_eq!(page.documents.len(), 1);
+//! router.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod exec;
+mod list;
+mod stats;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mongodb::bson::{Bson, Document};
+use mongodb::options::WriteConcern;
+use tokio::sync::{watch, RwLock};
+use tokio::task::JoinHandle;
+
+use crate::phase::Phase;
+use crate::protocol::{Operation, Outcome, ProtocolError};
+use crate::routing::{KeyValue, RoutingError, RoutingVersion};
+use crate::store::routers::Heartbeat;
+use crate::store::{Store, StoreError, CHANNEL};
+
+pub use exec::{is_duplicate_key, is_tombstone};
+pub use list::Page;
+use stats::OperationStats;
+
+/// How a router behaves. [`RouterConfig::named`] gives the defaults.
+#[derive(Clone)]
+pub struct RouterConfig {
+    /// Shown to operators in `reshard routers list`.
+    pub name: String,
+    /// How long a heartbeat keeps the router's lease.
+    pub lease_ttl: Duration,
+    /// How often the router heartbeats (and polls, in case a `NOTIFY` was missed).
+    pub heartbeat_interval: Duration,
+    /// How long a write waits while the phase holds writes (the write switch) before it fails
+    /// with the retryable [`RouterError::WriteHeld`].
+    pub hold_timeout: Duration,
+    /// Write concern of every write (default `w: "majority", j: true`).
+    pub write_concern: WriteConcern,
+    /// The largest page [`Router::list_tenant`] returns.
+    pub max_page_size: usize,
+    /// How many locations a tenant listing queries at once.
+    pub list_parallelism: usize,
+    /// Called before every protocol step, with the step's name and side. Tests use it to force
+    /// an interleaving (run another actor between two steps); production leaves it `None`.
+    pub step_hook: Option<StepHook>,
+}
+
+/// See [`RouterConfig::step_hook`].
+pub type StepHook = Arc<dyn Fn(StepEvent) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// A protocol step about to run: `find`, `insert`, `replace_live`, `replace_tombstone`,
+/// `update_live` or `delete`, on the source or the target, and for an insert what it inserts
+/// (`app`, `copy` or `tombstone`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepEvent {
+    pub step: &'static str,
+    pub side: crate::protocol::Side,
+    pub payload: Option<&'static str>,
+}
+
+impl RouterConfig {
+    pub fn named(name: impl Into<String>) -> Self {
+        RouterConfig {
+            name: name.into(),
+            lease_ttl: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(2),
+            hold_timeout: Duration::from_secs(5),
+            write_concern: WriteConcern::majority().and_journal(true),
+            max_page_size: 1000,
+            list_parallelism: 8,
+            step_hook: None,
+        }
+    }
+}
+
+trait WriteConcernExt {
+    fn and_journal(self, journal: bool) -> Self;
+}
+
+impl WriteConcernExt for WriteConcern {
+    fn and_journal(mut self, journal: bool) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("the router could not renew its lease in time; it refuses operations until it can reach the state store again")]
+    RoutingStale,
+    #[error("writes are held by the write switch and did not resume within {0:?}; retry")]
+    WriteHeld(Duration),
+    #[error("id {0} already exists")]
+    DuplicateId(String),
+    #[error("the document has no {0:?} field")]
+    MissingField(String),
+    #[error("field {0:?} cannot be changed: the tenant key, the id, the routing field and _reshard are immutable")]
+    ImmutableField(String),
+    #[error("{0}")]
+    InvalidUpdate(String),
+    #[error("page size {asked} is above the maximum of {max}")]
+    PageTooLarge { asked: usize, max: usize },
+    #[error("shard {0:?} is used by a routing version but has no connection")]
+    UnknownShard(String),
+    #[error(transparent)]
+    Routing(#[from] RoutingError),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("MongoDB: {0}")]
+    Mongo(#[from] mongodb::error::Error),
+}
+
+/// What the router applies: the phase of the collection's migration and the two layouts.
+/// Without an active migration, both layouts are the collection's current version and the
+/// phase is `completed` (read and write the current version).
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub migration_id: Option<i64>,
+    pub epoch: i64,
+    pub phase: Phase,
+    pub source: Arc<RoutingVersion>,
+    pub target: Arc<RoutingVersion>,
+}
+
+impl Snapshot {
+    async fn load(store: &Store, collection: &str) -> Result<Snapshot, StoreError> {
+        match store.active_migration(collection).await? {
+            Some(m) => Ok(Snapshot {
+                migration_id: Some(m.id),
+                epoch: m.epoch,
+                phase: m.phase(),
+                source: Arc::new(
+                    store
+                        .version(collection, Some(m.from_version))
+                        .await?
+                        .version,
+                ),
+                target: Arc::new(store.version(collection, Some(m.to_version)).await?.version),
+            }),
+            None => {
+                let current = store.current_version(collection).await?;
+                let v = Arc::new(store.version(collection, Some(current)).await?.version);
+                Ok(Snapshot {
+                    migration_id: None,
+                    epoch: 0,
+                    phase: Phase::Completed,
+                    source: v.clone(),
+                    target: v,
+                })
+            }
+        }
+    }
+
+    fn same_epoch(&self, other: &Snapshot) -> bool {
+        self.migration_id == other.migration_id && self.epoch == other.epoch
+    }
+}
+
+pub(crate) struct Inner {
+    store: Store,
+    collection: String,
+    id: uuid::Uuid,
+    config: RouterConfig,
+    shards: HashMap<String, mongodb::Database>,
+    /// Operations hold a read guard for their whole life; an epoch switch takes the write
+    /// guard, so it waits for the operations of the old epoch to drain and new ones wait for
+    /// the switch.
+    snapshot: RwLock<Arc<Snapshot>>,
+    epochs: watch::Sender<(Option<i64>, i64)>,
+    /// Until when the last renewed lease is valid, on the monotonic clock.
+    lease_valid_until: Mutex<Instant>,
+    stats: Mutex<OperationStats>,
+}
+
+/// A router for one collection. Cheap to clone; clones share one registration.
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<Inner>,
+    task: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Router {
+    /// Connects to the state store, opens a client per registered shard, registers and starts
+    /// following the collection's migration.
+    pub async fn connect(
+        database_url: &str,
+        collection: &str,
+        config: RouterConfig,
+    ) -> Result<Router, RouterError> {
+        let store = Store::connect(database_url).await?;
+        let mut shards = HashMap::new();
+        for shard in store.shards().await? {
+            let client = crate::mongo::client(shard.uri.expose())
+                .await
+                .map_err(|e| RouterError::InvalidUpdate(e.to_string()))?;
+            shards.insert(shard.name.clone(), client.database(&shard.database));
+        }
+        Router::with_shards(store, collection, config, shards).await
+    }
+
+    /// Like [`Router::connect`], with the application's own database handle per shard name.
+    pub async fn with_shards(
+        store: Store,
+        collection: &str,
+        config: RouterConfig,
+        shards: HashMap<String, mongodb::Database>,
+    ) -> Result<Router, RouterError> {
+        let snapshot = Snapshot::load(&store, collection).await?;
+        for v in [&snapshot.source, &snapshot.target] {
+            if let Some(missing) = v.shards().into_iter().find(|s| !shards.contains_key(s)) {
+                return Err(RouterError::UnknownShard(missing));
+            }
+        }
+        let id = uuid::Uuid::new_v4();
+        let started = Instant::now();
+        store
+            .register_router(
+                id,
+                collection,
+                &config.name,
+                &crate::commands::hostname(),
+                std::process::id() as i32,
+                config.lease_ttl,
+            )
+            .await?;
+        let (epochs, _) = watch::channel((snapshot.migration_id, snapshot.epoch));
+        let inner = Arc::new(Inner {
+            store,
+            collection: collection.to_owned(),
+            id,
+            lease_valid_until: Mutex::new(started + config.lease_ttl),
+            config,
+            shards,
+            snapshot: RwLock::new(Arc::new(snapshot)),
+            epochs,
+            stats: Mutex::new(OperationStats::default()),
+        });
+        // Acknowledge the epoch we start with at once.
+        inner.heartbeat().await;
+        let task = tokio::spawn(follow(inner.clone()));
+        Ok(Router {
+            inner,
+            task: Arc::new(Mutex::new(Some(task))),
+        })
+    }
+
+    /// This router's registration id.
+    pub fn id(&self) -> uuid::Uuid {
+        self.inner.id
+    }
+
+    /// The phase and epoch the router applies now.
+    pub async fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.snapshot.read().await.clone()
+    }
+
+    /// Waits until the router applies an epoch of at least `epoch` (for tests and tools).
+    pub async fn wait_for_epoch(&self, epoch: i64, timeout: Duration) -> bool {
+        let mut rx = self.inner.epochs.subscribe();
+        let reached = tokio::time::timeout(timeout, rx.wait_for(|(_, e)| *e >= epoch)).await;
+        matches!(reached, Ok(Ok(_)))
+    }
+
+    /// Stops following, and removes the registration so that no barrier waits for it.
+    pub async fn shutdown(&self) {
+        let task = self.task.lock().expect("router task lock").take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+            let _ = self.inner.store.deregister_router(self.inner.id).await;
+        }
+    }
+
+    /// The document with this tenant and id, or `None` (a tombstone is "not found").
+    pub async fn get(
+        &self,
+        tenant: impl Into<Bson>,
+        id: impl Into<Bson>,
+    ) -> Result<Option<Document>, RouterError> {
+        let (tenant, id) = (tenant.into(), id.into());
+        let outcome = self.run("get", &tenant, &id, Operation::Get).await?;
+        Ok(match outcome {
+            Outcome::Read(doc) => doc.map(exec::strip_metadata),
+            other => unreachable_outcome("get", other),
+        })
+    }
+
+    /// Inserts a new document; [`RouterError::DuplicateId`] when the id exists in either layout.
+    pub async fn insert(&self, doc: Document) -> Result<(), RouterError> {
+        let (tenant, id) = self.keys_of(&doc).await?;
+        match self
+            .run("insert", &tenant, &id, Operation::Insert(doc))
+            .await?
+        {
+            Outcome::Inserted => Ok(()),
+            Outcome::Duplicate => Err(RouterError::DuplicateId(id.to_string())),
+            other => unreachable_outcome("insert", other),
+        }
+    }
+
+    /// Replaces the document with the same tenant and id; with `upsert`, creates it when
+    /// absent (re-creating a deleted id replaces its tombstone). Returns whether a document
+    /// was written.
+    pub async fn replace(&self, doc: Document, upsert: bool) -> Result<bool, RouterError> {
+        let (tenant, id) = self.keys_of(&doc).await?;
+        let op = Operation::Replace { doc, upsert };
+        changed(self.run("replace", &tenant, &id, op).await?, "replace")
+    }
+
+    /// Applies a partial update (`$set`, `$inc`, ...) to the document. Refuses an update that
+    /// would change the tenant key, the id, the routing field or `_reshard`.
+    pub async fn update(
+        &self,
+        tenant: impl Into<Bson>,
+        id: impl Into<Bson>,
+        update: Document,
+    ) -> Result<bool, RouterError> {
+        let (tenant, id) = (tenant.into(), id.into());
+        exec::check_update(&*self.snapshot().await, &update)?;
+        changed(
+            self.run("update", &tenant, &id, Operation::Update(update))
+                .await?,
+            "update",
+        )
+    }
+
+    /// Deletes the document (a tombstone while the source may still hold a copy). Returns
+    /// whether it existed.
+    pub async fn delete(
+        &self,
+        tenant: impl Into<Bson>,
+        id: impl Into<Bson>,
+    ) -> Result<bool, RouterError> {
+        let (tenant, id) = (tenant.into(), id.into());
+        changed(
+            self.run("delete", &tenant, &id, Operation::Delete).await?,
+            "delete",
+        )
+    }
+
+    /// One page of a tenant's documents in `_id` order, after the id `after`. The page's
+    /// `next` is the cursor for the following page (`None` at the end).
+    pub async fn list_tenant(
+        &self,
+        tenant: impl Into<Bson>,
+        after: Option<Bson>,
+        limit: usize,
+    ) -> Result<Page, RouterError> {
+        if limit > self.inner.config.max_page_size {
+            return Err(RouterError::PageTooLarge {
+                asked: limit,
+                max: self.inner.config.max_page_size,
+            });
+        }
+        let tenant = tenant.into();
+        let started = Instant::now();
+        let result = async {
+            self.inner.check_lease()?;
+            let snapshot = self.inner.snapshot.read().await;
+            list::list_tenant(&self.inner, &snapshot, &tenant, after, limit).await
+        }
+        .await;
+        self.inner.record("list_tenant", started, result.is_ok());
+        result
+    }
+
+    async fn keys_of(&self, doc: &Document) -> Result<(Bson, Bson), RouterError> {
+        let snapshot = self.snapshot().await;
+        exec::check_document(doc)?;
+        let tenant_key = snapshot.target.tenant_key.clone();
+        let tenant = doc
+            .get(&tenant_key)
+            .cloned()
+            .ok_or(RouterError::MissingField(tenant_key))?;
+        let id = doc
+            .get("_id")
+            .cloned()
+            .ok_or_else(|| RouterError::MissingField("_id".to_owned()))?;
+        Ok((tenant, id))
+    }
+
+    /// Runs one operation under the current epoch; while the phase holds writes, waits for the
+    /// phase to move on (without holding up the epoch switch) up to the hold timeout.
+    async fn run(
+        &self,
+        name: &'static str,
+        tenant: &Bson,
+        id: &Bson,
+        op: Operation<Document, Document>,
+    ) -> Result<Outcome<Document>, RouterError> {
+        let started = Instant::now();
+        let result = self.run_held(tenant, id, op).await;
+        self.inner.record(name, started, result.is_ok());
+        result
+    }
+
+    async fn run_held(
+        &self,
+        tenant: &Bson,
+        id: &Bson,
+        op: Operation<Document, Document>,
+    ) -> Result<Outcome<Document>, RouterError> {
+        let tenant_key = KeyValue::from_bson(tenant)?;
+        let id_key = KeyValue::from_bson(id)?;
+        let deadline = tokio::time::Instant::now() + self.inner.config.hold_timeout;
+        let mut epochs = self.inner.epochs.subscribe();
+        loop {
+            self.inner.check_lease()?;
+            let outcome = {
+                let snapshot = self.inner.snapshot.read().await;
+                let keys = exec::Keys {
+                    tenant,
+                    id,
+                    tenant_key: &tenant_key,
+                    id_key: &id_key,
+                };
+                exec::run_operation(&self.inner, &snapshot, &keys, op.clone()).await?
+            };
+            if outcome != Outcome::Held {
+                return Ok(outcome);
+            }
+            epochs.borrow_and_update();
+            if tokio::time::timeout_at(deadline, epochs.changed())
+                .await
+                .is_err()
+            {
+                return Err(RouterError::WriteHeld(self.inner.config.hold_timeout));
+            }
+        }
+    }
+}
+
+fn exec_collection(
+    inner: &Inner,
+    location: &crate::routing::Location,
+) -> Result<mongodb::Collection<Document>, RouterError> {
+    inner
+        .shards
+        .get(&location.shard)
+        .map(|db| db.collection::<Document>(&location.collection))
+        .ok_or_else(|| RouterError::UnknownShard(location.shard.clone()))
+}
+
+fn changed(outcome: Outcome<Document>, op: &str) -> Result<bool, RouterError> {
+    match outcome {
+        Outcome::Changed(changed) => Ok(changed),
+        other => unreachable_outcome(op, other),
+    }
+}
+
+fn unreachable_outcome<T>(op: &str, outcome: Outcome<Document>) -> T {
+    panic!("the protocol answered {op} with {outcome:?}")
+}
+
+impl Inner {
+    fn check_lease(&self) -> Result<(), RouterError> {
+        if Instant::now() < *self.lease_valid_until.lock().expect("lease lock") {
+            Ok(())
+        } else {
+            Err(RouterError::RoutingStale)
+        }
+    }
+
+    fn record(&self, op: &'static str, started: Instant, ok: bool) {
+        self.stats
+            .lock()
+            .expect("stats lock")
+            .record(op, started.elapsed(), ok);
+    }
+
+    /// Renews the lease and acknowledges the epoch applied now.
+    async fn heartbeat(&self) {
+        let started = Instant::now();
+        let snapshot = self.snapshot.read().await.clone();
+        let stats = self.stats.lock().expect("stats lock").take_report();
+        let beat = Heartbeat {
+            migration_id: snapshot.migration_id,
+            acked_epoch: snapshot.migration_id.map(|_| snapshot.epoch),
+            stats: &stats,
+        };
+        let renewed = match self
+            .store
+            .router_heartbeat(self.id, self.config.lease_ttl, &beat)
+            .await
+        {
+            Ok(true) => true,
+            Ok(false) => self
+                .store
+                .register_router(
+                    self.id,
+                    &self.collection,
+                    &self.config.name,
+                    &crate::commands::hostname(),
+                    std::process::id() as i32,
+                    self.config.lease_ttl,
+                )
+                .await
+                .is_ok(),
+            Err(e) => {
+                tracing::warn!(router = %self.config.name, error = %e, "heartbeat failed");
+                false
+            }
+        };
+        if renewed {
+            *self.lease_valid_until.lock().expect("lease lock") = started + self.config.lease_ttl;
+        }
+    }
+
+    /// Loads the state and, when the epoch changed, drains and switches.
+    async fn refresh(&self) -> bool {
+        let fresh = match Snapshot::load(&self.store, &self.collection).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(router = %self.config.name, error = %e, "cannot load the migration state");
+                return false;
+            }
+        };
+        let current = self.snapshot.read().await.clone();
+        if current.same_epoch(&fresh) {
+            return false;
+        }
+        let mut guard = self.snapshot.write().await;
+        tracing::info!(
+            router = %self.config.name,
+            from = %current.phase, to = %fresh.phase, epoch = fresh.epoch,
+            "switching epoch"
+        );
+        let key = (fresh.migration_id, fresh.epoch);
+        *guard = Arc::new(fresh);
+        drop(guard);
+        self.epochs.send_replace(key);
+        true
+    }
+}
+
+/// The background loop: listen for changes, poll anyway, heartbeat, switch epochs.
+async fn follow(inner: Arc<Inner>) {
+    let mut listener = listen(&inner).await;
+    let mut next_beat = tokio::time::Instant::now() + inner.config.heartbeat_interval;
+    loop {
+        let woke = match listener.as_mut() {
+            Some(l) => tokio::select! {
+                n = l.recv() => match n {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lost the NOTIFY listener; polling");
+                        listener = None;
+                        false
+                    }
+                },
+                _ = tokio::time::sleep_until(next_beat) => false,
+            },
+            None => {
+                tokio::time::sleep_until(next_beat).await;
+                listener = listen(&inner).await;
+                false
+            }
+        };
+        let switched = inner.refresh().await;
+        if switched || !woke || tokio::time::Instant::now() >= next_beat {
+            inner.heartbeat().await;
+            next_beat = tokio::time::Instant::now() + inner.config.heartbeat_interval;
+        }
+    }
+}
+
+async fn listen(inner: &Inner) -> Option<sqlx::postgres::PgListener> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(inner.store.pool())
+        .await
+        .ok()?;
+    listener.listen(CHANNEL).await.ok()?;
+    Some(listener)
+}

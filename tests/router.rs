@@ -1,0 +1,584 @@
+//! The router on real servers: the races of DESIGN.md forced step by step, leases, and tenant
+//! listings under concurrent writes in every phase.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::Database;
+use reshard::phase::{Action, Phase};
+use reshard::protocol::Side;
+use reshard::router::{Router, RouterConfig, RouterError, StepEvent, StepHook};
+use reshard::routing::{KeyValue, RoutingVersion};
+use reshard::store::Store;
+use support::{MongoServer, PgDb};
+
+const HOT: &str = "cust-hot";
+
+/// A state store with shards s1..s4 (databases on one real server), orders v1 -> v2 and a
+/// planned migration.
+struct World {
+    db: PgDb,
+    _server: MongoServer,
+    store: Store,
+    migration: i64,
+    shards: HashMap<String, Database>,
+    v1: RoutingVersion,
+    v2: RoutingVersion,
+}
+
+async fn world() -> World {
+    let db = PgDb::fresh().await;
+    let server = MongoServer::start().await;
+    let store = Store::connect_unchecked(&db.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let client = server.client().await;
+    let base = MongoServer::database_name();
+    let mut shards = HashMap::new();
+    for name in ["s1", "s2", "s3", "s4"] {
+        let database = format!("{base}_{name}");
+        store
+            .add_shard(name, &server.uri(), &database)
+            .await
+            .unwrap();
+        shards.insert(name.to_owned(), client.database(&database));
+    }
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/versions");
+    let mut versions = Vec::new();
+    for file in ["orders_v1.yaml", "orders_v2.yaml"] {
+        let text = std::fs::read_to_string(fixtures.join(file)).unwrap();
+        let v = reshard::spec::parse_version_spec(file, &text, "orders").unwrap();
+        versions.push(
+            store
+                .insert_version(&v, &text, "test")
+                .await
+                .unwrap()
+                .version,
+        );
+    }
+    let migration = store
+        .create_migration("orders", 1, 2, "test")
+        .await
+        .unwrap()
+        .id;
+    let v2 = versions.pop().unwrap();
+    let v1 = versions.pop().unwrap();
+    World {
+        db,
+        _server: server,
+        store,
+        migration,
+        shards,
+        v1,
+        v2,
+    }
+}
+
+fn config(name: &str) -> RouterConfig {
+    let mut c = RouterConfig::named(name);
+    c.heartbeat_interval = Duration::from_millis(200);
+    c.lease_ttl = Duration::from_secs(3);
+    // These tests kill no server, so acknowledged-in-memory is durable enough and much faster.
+    c.write_concern = mongodb::options::WriteConcern::nodes(1);
+    c
+}
+
+impl World {
+    async fn router(&self, config: RouterConfig) -> Router {
+        Router::with_shards(self.store.clone(), "orders", config, self.shards.clone())
+            .await
+            .unwrap()
+    }
+
+    fn coll(&self, v: &RoutingVersion, tenant: &str, id: &str) -> mongodb::Collection<Document> {
+        let located = v
+            .locate(
+                &KeyValue::String(tenant.into()),
+                &KeyValue::String(id.into()),
+            )
+            .unwrap();
+        let l = &located.locations[0];
+        self.shards[&l.shard].collection(&l.collection)
+    }
+
+    /// Puts a document where the source version places it, as the application had it.
+    async fn seed(&self, tenant: &str, id: &str, total: i32) {
+        self.coll(&self.v1, tenant, id)
+            .insert_one(doc! { "_id": id, "customerId": tenant, "total": total })
+            .await
+            .unwrap();
+    }
+
+    /// The backfill's one write for a document: insert-if-absent of a pristine copy.
+    async fn copy(&self, tenant: &str, id: &str) {
+        let Some(mut doc) = self
+            .coll(&self.v1, tenant, id)
+            .find_one(doc! { "_id": id })
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        let located = self
+            .v2
+            .locate(
+                &KeyValue::String(tenant.into()),
+                &KeyValue::String(id.into()),
+            )
+            .unwrap();
+        doc.insert("bucket", located.sub_bucket as i32);
+        doc.insert("_reshard", doc! { "src": "copy", "epoch": 0 });
+        match self.coll(&self.v2, tenant, id).insert_one(doc).await {
+            Ok(_) => {}
+            Err(e) if reshard::router::is_duplicate_key(&e) => {}
+            Err(e) => panic!("copy failed: {e}"),
+        }
+    }
+
+    async fn target_doc(&self, tenant: &str, id: &str) -> Option<Document> {
+        self.coll(&self.v2, tenant, id)
+            .find_one(doc! { "_id": id })
+            .await
+            .unwrap()
+    }
+
+    /// Moves the migration through `phases`, waiting for every router to acknowledge each.
+    async fn advance(&self, routers: &[&Router], phases: &[Phase]) {
+        for phase in phases {
+            let t = self
+                .store
+                .transition(
+                    self.migration,
+                    &Action::Advance(*phase),
+                    "test",
+                    None,
+                    false,
+                )
+                .await
+                .unwrap();
+            for r in routers {
+                assert!(
+                    r.wait_for_epoch(t.migration.epoch, Duration::from_secs(10))
+                        .await,
+                    "router did not reach epoch {}",
+                    t.migration.epoch
+                );
+            }
+            // The acknowledgement is the heartbeat after the switch.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !self
+                .store
+                .unacknowledged_routers(&t.migration)
+                .await
+                .unwrap()
+                .is_empty()
+            {
+                assert!(std::time::Instant::now() < deadline, "no acknowledgement");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    async fn to_backfill(&self, routers: &[&Router]) {
+        self.advance(
+            routers,
+            &[
+                Phase::DualRead,
+                Phase::WriteSwitch,
+                Phase::NewWrites,
+                Phase::Backfill,
+            ],
+        )
+        .await;
+    }
+}
+
+/// A hook that runs `action` once, before the first step matching `step`/`side`/`payload`.
+fn before_once<F>(
+    step: &'static str,
+    side: Side,
+    payload: Option<&'static str>,
+    action: F,
+) -> StepHook
+where
+    F: Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+{
+    let fired = Arc::new(AtomicBool::new(false));
+    Arc::new(move |event: StepEvent| {
+        let matches = event.step == step && event.side == side && event.payload == payload;
+        if matches && !fired.swap(true, Ordering::SeqCst) {
+            action()
+        } else {
+            async {}.boxed()
+        }
+    })
+}
+
+fn total(doc: &Option<Document>) -> Option<i32> {
+    doc.as_ref().map(|d| d.get_i32("total").unwrap())
+}
+
+#[tokio::test]
+async fn an_update_racing_the_backfill_copy_keeps_the_update() {
+    let w = Arc::new(world().await);
+    w.seed(HOT, "o1", 1).await;
+    let mut cfg = config("api");
+    let copier = w.clone();
+    cfg.step_hook = Some(before_once(
+        "insert",
+        Side::Target,
+        Some("copy"),
+        move || {
+            let w = copier.clone();
+            async move { w.copy(HOT, "o1").await }.boxed()
+        },
+    ));
+    let router = w.router(cfg).await;
+    w.to_backfill(&[&router]).await;
+
+    // The router found the document only in the source; before its copy-on-write lands,
+    // the backfill copies it. The router's copy then fails as a duplicate and the update
+    // applies to the backfill's copy.
+    assert!(router
+        .update(HOT, "o1", doc! { "$inc": { "total": 10 } })
+        .await
+        .unwrap());
+    assert_eq!(total(&router.get(HOT, "o1").await.unwrap()), Some(11));
+    let stored = w.target_doc(HOT, "o1").await.unwrap();
+    assert_eq!(
+        stored
+            .get_document("_reshard")
+            .unwrap()
+            .get_str("src")
+            .unwrap(),
+        "app"
+    );
+    // A later copy of the old source document changes nothing.
+    w.copy(HOT, "o1").await;
+    assert_eq!(total(&router.get(HOT, "o1").await.unwrap()), Some(11));
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_copy_after_an_update_does_not_overwrite_it() {
+    let w = world().await;
+    w.seed(HOT, "o2", 1).await;
+    let router = w.router(config("api")).await;
+    w.to_backfill(&[&router]).await;
+    assert!(router
+        .update(HOT, "o2", doc! { "$set": { "total": 5 } })
+        .await
+        .unwrap());
+    w.copy(HOT, "o2").await;
+    assert_eq!(total(&router.get(HOT, "o2").await.unwrap()), Some(5));
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_delete_racing_the_backfill_copy_is_never_resurrected() {
+    let w = Arc::new(world().await);
+    w.seed(HOT, "o3", 1).await;
+    let mut cfg = config("api");
+    let copier = w.clone();
+    cfg.step_hook = Some(before_once(
+        "insert",
+        Side::Target,
+        Some("tombstone"),
+        move || {
+            let w = copier.clone();
+            async move { w.copy(HOT, "o3").await }.boxed()
+        },
+    ));
+    let router = w.router(cfg).await;
+    w.to_backfill(&[&router]).await;
+
+    assert!(router.delete(HOT, "o3").await.unwrap());
+    assert_eq!(router.get(HOT, "o3").await.unwrap(), None);
+    let stored = w.target_doc(HOT, "o3").await.unwrap();
+    assert!(reshard::router::is_tombstone(&stored), "{stored}");
+    // The source copy is still there until cleanup; copying it again cannot bring it back.
+    w.copy(HOT, "o3").await;
+    assert_eq!(router.get(HOT, "o3").await.unwrap(), None);
+    let page = router.list_tenant(HOT, None, 100).await.unwrap();
+    assert!(page.documents.is_empty(), "{:?}", page.documents);
+    // A second delete finds nothing.
+    assert!(!router.delete(HOT, "o3").await.unwrap());
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn re_creating_a_deleted_id_replaces_its_tombstone() {
+    let w = world().await;
+    w.seed(HOT, "o4", 1).await;
+    let router = w.router(config("api")).await;
+    w.to_backfill(&[&router]).await;
+    assert!(router.delete(HOT, "o4").await.unwrap());
+    router
+        .insert(doc! { "_id": "o4", "customerId": HOT, "total": 40 })
+        .await
+        .unwrap();
+    assert_eq!(total(&router.get(HOT, "o4").await.unwrap()), Some(40));
+    w.copy(HOT, "o4").await;
+    assert_eq!(total(&router.get(HOT, "o4").await.unwrap()), Some(40));
+    assert!(router.delete(HOT, "o4").await.unwrap());
+    assert!(router
+        .replace(doc! { "_id": "o4", "customerId": HOT, "total": 41 }, true)
+        .await
+        .unwrap());
+    assert_eq!(total(&router.get(HOT, "o4").await.unwrap()), Some(41));
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn inserting_an_id_that_still_sits_in_the_source_is_refused() {
+    let w = world().await;
+    w.seed(HOT, "o5", 1).await;
+    let router = w.router(config("api")).await;
+    w.to_backfill(&[&router]).await;
+    let err = router
+        .insert(doc! { "_id": "o5", "customerId": HOT, "total": 2 })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RouterError::DuplicateId(_)), "{err}");
+    assert_eq!(total(&router.get(HOT, "o5").await.unwrap()), Some(1));
+    assert_eq!(w.target_doc(HOT, "o5").await, None);
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_copy_on_writes_racing_apply_both_updates() {
+    let w = Arc::new(world().await);
+    w.seed(HOT, "o6", 1).await;
+    let other = w.router(config("api-b")).await;
+    let mut cfg = config("api-a");
+    let b = other.clone();
+    cfg.step_hook = Some(before_once(
+        "insert",
+        Side::Target,
+        Some("copy"),
+        move || {
+            let b = b.clone();
+            async move {
+                assert!(b
+                    .update(HOT, "o6", doc! { "$inc": { "total": 100 } })
+                    .await
+                    .unwrap());
+            }
+            .boxed()
+        },
+    ));
+    let router = w.router(cfg).await;
+    w.to_backfill(&[&router, &other]).await;
+    assert!(router
+        .update(HOT, "o6", doc! { "$inc": { "total": 10 } })
+        .await
+        .unwrap());
+    assert_eq!(total(&router.get(HOT, "o6").await.unwrap()), Some(111));
+    assert_eq!(total(&other.get(HOT, "o6").await.unwrap()), Some(111));
+    router.shutdown().await;
+    other.shutdown().await;
+}
+
+#[tokio::test]
+async fn updates_that_would_move_a_document_are_refused() {
+    let w = world().await;
+    w.seed(HOT, "o7", 1).await;
+    let router = w.router(config("api")).await;
+    for field in ["customerId", "_id", "bucket", "_reshard.src"] {
+        let err = router
+            .update(HOT, "o7", doc! { "$set": { field: "x" } })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, RouterError::ImmutableField(_)),
+            "{field}: {err}"
+        );
+    }
+    let err = router
+        .update(HOT, "o7", doc! { "total": 3 })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RouterError::InvalidUpdate(_)), "{err}");
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_router_that_cannot_renew_its_lease_refuses_operations_until_it_can() {
+    let w = world().await;
+    let mut cfg = config("api");
+    cfg.lease_ttl = Duration::from_millis(1200);
+    let router = w.router(cfg).await;
+    router
+        .insert(doc! { "_id": "o8", "customerId": "c1", "total": 1 })
+        .await
+        .unwrap();
+    // Hold the router's registration row locked: its heartbeats block, its lease runs out.
+    let pool = w.db.pool().await;
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM routers WHERE id = $1 FOR UPDATE")
+        .bind(router.id())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let err = router
+        .insert(doc! { "_id": "o9", "customerId": "c1", "total": 1 })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RouterError::RoutingStale), "{err}");
+    tx.rollback().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match router
+            .insert(doc! { "_id": "o9", "customerId": "c1", "total": 1 })
+            .await
+        {
+            Ok(()) => break,
+            Err(RouterError::RoutingStale) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    router.shutdown().await;
+}
+
+/// Lists every page of the hot tenant.
+async fn list_all(router: &Router) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut after: Option<Bson> = None;
+    loop {
+        let page = router.list_tenant(HOT, after.clone(), 7).await.unwrap();
+        ids.extend(
+            page.documents
+                .iter()
+                .map(|d| d.get_str("_id").unwrap().to_owned()),
+        );
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return ids,
+        }
+    }
+}
+
+#[tokio::test]
+async fn tenant_listings_under_concurrent_writes_return_each_surviving_document_once() {
+    let w = Arc::new(world().await);
+    // 40 documents that exist throughout, 10 deleted before any listing.
+    for i in 0..50 {
+        w.seed(HOT, &format!("k{i:03}"), i).await;
+    }
+    w.seed("cust-other", "x1", 1).await;
+    let router = w.router(config("api")).await;
+    let writer = w.router(config("writer")).await;
+    for i in 40..50 {
+        assert!(writer.delete(HOT, format!("k{i:03}")).await.unwrap());
+    }
+    let stable: Vec<String> = (0..40).map(|i| format!("k{i:03}")).collect();
+    let phases = [
+        None,
+        Some(Phase::DualRead),
+        Some(Phase::WriteSwitch),
+        Some(Phase::NewWrites),
+        Some(Phase::Backfill),
+    ];
+    let mut churn = 0;
+    for phase in phases {
+        if let Some(p) = phase {
+            w.advance(&[&router, &writer], &[p]).await;
+        }
+        // Copy half of the documents in backfill, as a running backfill would have.
+        if phase == Some(Phase::Backfill) {
+            for i in (0..40).step_by(2) {
+                w.copy(HOT, &format!("k{i:03}")).await;
+            }
+        }
+        // Concurrent churn: new documents come and go, stable ones are updated.
+        let writer2 = writer.clone();
+        let churn_task = tokio::spawn(async move {
+            for j in 0..15 {
+                let id = format!("n{churn:03}_{j:02}");
+                let _ = writer2
+                    .insert(doc! { "_id": &id, "customerId": HOT, "total": 0 })
+                    .await;
+                let _ = writer2
+                    .update(
+                        HOT,
+                        format!("k{:03}", j * 2 + 1),
+                        doc! { "$inc": { "total": 1 } },
+                    )
+                    .await;
+                let _ = writer2.delete(HOT, &id).await;
+            }
+        });
+        churn += 1;
+        let listed = list_all(&router).await;
+        churn_task.await.unwrap();
+        if phase == Some(Phase::WriteSwitch) {
+            // Writes were held; nothing else changes for listings.
+        }
+        let unique: BTreeSet<&String> = listed.iter().collect();
+        assert_eq!(
+            unique.len(),
+            listed.len(),
+            "{phase:?}: duplicates in {listed:?}"
+        );
+        for id in &stable {
+            assert!(
+                unique.contains(id),
+                "{phase:?}: {id} missing from {listed:?}"
+            );
+        }
+        for i in 40..50 {
+            let deleted = format!("k{i:03}");
+            assert!(
+                !unique.contains(&deleted),
+                "{phase:?}: deleted {deleted} listed"
+            );
+        }
+        assert!(
+            listed.windows(2).all(|p| p[0] < p[1]),
+            "{phase:?}: not in _id order"
+        );
+    }
+    router.shutdown().await;
+    writer.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_write_carries_the_app_stamp_and_the_routing_field() {
+    let w = world().await;
+    let router = w.router(config("api")).await;
+    w.to_backfill(&[&router]).await;
+    router
+        .insert(doc! { "_id": "s1", "customerId": HOT, "total": 1 })
+        .await
+        .unwrap();
+    let stored = w.target_doc(HOT, "s1").await.unwrap();
+    let expected =
+        w.v2.locate(
+            &KeyValue::String(HOT.into()),
+            &KeyValue::String("s1".into()),
+        )
+        .unwrap()
+        .sub_bucket as i32;
+    assert_eq!(stored.get_i32("bucket").unwrap(), expected);
+    assert_eq!(
+        stored
+            .get_document("_reshard")
+            .unwrap()
+            .get_str("src")
+            .unwrap(),
+        "app"
+    );
+    // The application never sees the bookkeeping.
+    let read = router.get(HOT, "s1").await.unwrap().unwrap();
+    assert!(!read.contains_key("_reshard"));
+    router.shutdown().await;
+}
