@@ -75,6 +75,18 @@ pub enum Command {
     /// Where a document lives.
     #[command(subcommand)]
     Route(RouteCommand),
+    /// Routers embedded in applications.
+    #[command(subcommand)]
+    Routers(RoutersCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RoutersCommand {
+    /// Each router: its epoch, lease age and reported latencies.
+    List {
+        #[arg(long)]
+        collection: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -150,7 +150,9 @@ async fn bulk_writer_against_ordered_baseline() {
     };
 
     println!("\nRound trips per {BATCH}-document batch (mean of {TRIALS} batches, random shard per document)\n");
-    println!("| S | this writer | ordered baseline | 1 + (n-1)(1-1/S) | writer time | baseline time |");
+    println!(
+        "| S | this writer | ordered baseline | 1 + (n-1)(1-1/S) | writer time | baseline time |"
+    );
     println!("|---|---|---|---|---|---|");
     for s in SHARD_COUNTS {
         let writer = bench.writer(s);

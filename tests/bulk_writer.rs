@@ -137,7 +137,9 @@ async fn one_command_per_shard_duplicates_dropped_and_repeats_already_present() 
     batch.extend(repeats);
     let mut expected_per_shard: BTreeMap<String, u64> = BTreeMap::new();
     for s in &batch[..2_000] {
-        *expected_per_shard.entry(shard_of(s).to_string()).or_default() += 1;
+        *expected_per_shard
+            .entry(shard_of(s).to_string())
+            .or_default() += 1;
     }
 
     let report = fx.writer.write(batch.clone()).await.unwrap();
@@ -316,7 +318,11 @@ async fn a_document_the_target_refuses_is_dead_lettered_and_updates_and_deletes_
     assert_eq!(report.counts.applied, 300);
     assert_eq!(report.affected, 299, "the refused document matches nothing");
     assert_eq!(report.commands(), 2);
-    assert_eq!(fx.count("s1", doc! { "bucket": { "$exists": false } }).await, 0);
+    assert_eq!(
+        fx.count("s1", doc! { "bucket": { "$exists": false } })
+            .await,
+        0
+    );
 
     let deletes: Vec<Statement> = batch
         .iter()

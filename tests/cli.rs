@@ -238,7 +238,13 @@ async fn a_migration_moves_through_its_phases_and_every_change_is_logged() {
     assert_eq!(dry["dry_run"], true);
     assert_eq!(json(&db, &["migration", "show", &id])["phase"], "planned");
 
-    for phase in ["dual_read", "write_switch", "new_writes", "backfill"] {
+    // The write switch moves on to new_writes by itself once every live router (none here)
+    // has acknowledged it.
+    for (phase, lands_in) in [
+        ("dual_read", "dual_read"),
+        ("write_switch", "new_writes"),
+        ("backfill", "backfill"),
+    ] {
         let t = json(
             &db,
             &[
@@ -251,7 +257,7 @@ async fn a_migration_moves_through_its_phases_and_every_change_is_logged() {
                 "test",
             ],
         );
-        assert_eq!(t["to"]["phase"], phase);
+        assert_eq!(t["to"]["phase"], lands_in);
     }
     let shown = json(&db, &["migration", "show", &id]);
     assert_eq!(shown["phase"], "backfill");
@@ -300,59 +306,183 @@ async fn a_migration_moves_through_its_phases_and_every_change_is_logged() {
     assert_eq!(list.as_array().unwrap().len(), 1);
 }
 
+/// Registers a router row by hand: a router that never acknowledges anything.
+async fn silent_router(db: &PgDb, name: &str, lease_secs: f64) {
+    sqlx::query(
+        "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at)
+         VALUES (gen_random_uuid(), 'orders', $1, 'web-1', 4242,
+                 now() + make_interval(secs => $2))",
+    )
+    .bind(name)
+    .bind(lease_secs)
+    .execute(&db.pool().await)
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
-async fn a_live_router_that_has_not_acknowledged_holds_the_barrier() {
+async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier() {
     let server = MongoServer::start().await;
     let db = prepared(&server).await;
     let m = json(
         &db,
         &["migration", "create", "--collection", "orders", "--to", "2"],
     );
-    let id = m["id"].as_i64().unwrap();
-    json(
-        &db,
-        &["migration", "advance", &id.to_string(), "--to", "dual_read"],
-    );
-    let pool = db.pool().await;
-    sqlx::query(
-        "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at, migration_id, acked_epoch)
-         VALUES (gen_random_uuid(), 'orders', 'orders-api', 'web-1', 4242, now() + interval '1 minute', $1, 1)",
-    )
-    .bind(id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    let id = m["id"].as_i64().unwrap().to_string();
+    silent_router(&db, "orders-api", 600.0).await;
+    // Entering dual_read changes router behaviour: the driver waits, then gives up naming it.
     let out = reshard(
         &db,
         &[
             "migration",
             "advance",
-            &id.to_string(),
+            &id,
             "--to",
-            "write_switch",
+            "dual_read",
+            "--timeout",
+            "1",
         ],
     );
-    assert_eq!(code(&out), 1);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("orders-api (web-1, pid 4242, epoch 1)"),
+        stderr(&out).contains("did not acknowledge epoch 2")
+            && stderr(&out).contains("orders-api (web-1, pid 4242, epoch -)"),
         "{}",
         stderr(&out)
     );
-    // Once it acknowledges the current epoch the barrier opens.
-    sqlx::query("UPDATE routers SET acked_epoch = 2")
-        .execute(&pool)
+    // The move itself happened; the next one is gated on the acknowledgement.
+    assert_eq!(json(&db, &["migration", "show", &id])["phase"], "dual_read");
+    let out = reshard(&db, &["migration", "advance", &id, "--to", "write_switch"]);
+    assert_eq!(code(&out), 1);
+    assert!(
+        stderr(&out).contains("routers_acknowledged"),
+        "{}",
+        stderr(&out)
+    );
+    // Once it acknowledges the current epoch the gate opens; a write switch it does not
+    // acknowledge in time goes back to dual_read and says so.
+    sqlx::query("UPDATE routers SET migration_id = $1, acked_epoch = 2")
+        .bind(m["id"].as_i64().unwrap())
+        .execute(&db.pool().await)
         .await
         .unwrap();
-    json(
+    let out = reshard(
         &db,
         &[
             "migration",
             "advance",
-            &id.to_string(),
+            &id,
             "--to",
             "write_switch",
+            "--switch-timeout",
+            "1",
         ],
     );
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("went back to dual_read"),
+        "{}",
+        stderr(&out)
+    );
+    let history = json(&db, &["migration", "history", &id]);
+    let moves: Vec<(String, String)> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "advance")
+        .map(|e| {
+            (
+                e["from_phase"].as_str().unwrap().to_owned(),
+                e["to_phase"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        moves,
+        [
+            ("planned".to_owned(), "dual_read".to_owned()),
+            ("dual_read".to_owned(), "write_switch".to_owned()),
+            ("write_switch".to_owned(), "dual_read".to_owned()),
+        ]
+    );
+    assert!(history.as_array().unwrap().last().unwrap()["reason"]
+        .as_str()
+        .unwrap()
+        .contains("orders-api"));
+}
+
+#[tokio::test]
+async fn the_barrier_stops_waiting_for_a_router_once_its_lease_has_expired() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let id = m["id"].as_i64().unwrap().to_string();
+    silent_router(&db, "crashed-api", 2.0).await;
+    let started = std::time::Instant::now();
+    let out = reshard(&db, &["migration", "advance", &id, "--to", "dual_read"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("waiting for 1 router(s)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1000));
+    let routers = json(&db, &["routers", "list", "--collection", "orders"]);
+    assert_eq!(routers[0]["name"], "crashed-api");
+    assert_eq!(routers[0]["live"], false);
+}
+
+#[tokio::test]
+async fn the_barrier_waits_for_a_slow_router_to_drain_and_acknowledge() {
+    use futures::FutureExt;
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let id = m["id"].as_i64().unwrap().to_string();
+    let store = reshard::store::Store::connect(&db.url()).await.unwrap();
+    let mut config = reshard::router::RouterConfig::named("slow-api");
+    config.heartbeat_interval = std::time::Duration::from_millis(200);
+    // Every step of this router takes 2 s: an operation in flight holds up the epoch switch.
+    config.step_hook = Some(std::sync::Arc::new(|_| {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).boxed()
+    }));
+    let router = reshard::router::Router::connect(&db.url(), "orders", config)
+        .await
+        .unwrap();
+    drop(store);
+    let reader = router.clone();
+    let in_flight = tokio::spawn(async move { reader.get("cust-1", "o-1").await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let url = db.url();
+    let id2 = id.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        assert_cmd::Command::cargo_bin("reshard")
+            .unwrap()
+            .env("RESHARD_DATABASE_URL", url)
+            .args(["migration", "advance", &id2, "--to", "dual_read"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("slow-api"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("every live router acknowledged epoch 2"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(in_flight.await.unwrap().unwrap(), None);
+    let routers = json(&db, &["routers", "list", "--collection", "orders"]);
+    assert_eq!(routers[0]["acked_epoch"], 2);
+    router.shutdown().await;
+    assert_eq!(json(&db, &["routers", "list"]).as_array().unwrap().len(), 0);
 }
 
 #[tokio::test]
@@ -420,7 +550,7 @@ async fn route_explain_follows_the_phase() {
         &["migration", "create", "--collection", "orders", "--to", "2"],
     );
     let id = m["id"].as_i64().unwrap().to_string();
-    for phase in ["dual_read", "write_switch", "new_writes"] {
+    for phase in ["dual_read", "write_switch"] {
         json(&db, &["migration", "advance", &id, "--to", phase]);
     }
     let during = explain(&db);

@@ -87,18 +87,21 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                     dry_run,
                 )
                 .await?;
-            report(ctx, &t, dry_run)?;
+            let mut moves = Moves::new(ctx, dry_run);
+            moves.record(&t);
             if dry_run || !t.change.from.phase.changes_router_behaviour(to) {
-                return Ok(());
+                return moves.finish(Ok(()));
             }
             let (switch_timeout, timeout) = (
                 Duration::from_secs(switch_timeout),
                 Duration::from_secs(timeout),
             );
-            if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) {
-                return write_switch(ctx, &t, switch_timeout, timeout).await;
-            }
-            barrier(ctx, &t.migration, timeout).await
+            let result = if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) {
+                write_switch(ctx, &mut moves, &t, switch_timeout, timeout).await
+            } else {
+                barrier(ctx, &t.migration, timeout).await
+            };
+            moves.finish(result)
         }
         MigrationCommand::Pause { id, reason } => {
             let t = ctx
@@ -169,9 +172,50 @@ fn show(m: &Migration) {
 }
 
 fn report(ctx: &Ctx, t: &Transition, dry_run: bool) -> Result<()> {
+    output::emit(ctx.output, &move_json(t, dry_run), || {
+        print_move(t, dry_run)
+    })
+}
+
+/// Moves made by one `advance` (the write switch makes two, or goes back): printed as text as
+/// they happen, and as one JSON object at the end: the last move's fields plus `moves`.
+struct Moves<'a> {
+    ctx: &'a Ctx,
+    dry_run: bool,
+    json: Vec<serde_json::Value>,
+}
+
+impl<'a> Moves<'a> {
+    fn new(ctx: &'a Ctx, dry_run: bool) -> Self {
+        Moves {
+            ctx,
+            dry_run,
+            json: Vec::new(),
+        }
+    }
+
+    fn record(&mut self, t: &Transition) {
+        match self.ctx.output {
+            crate::cli::OutputFormat::Text => print_move(t, self.dry_run),
+            crate::cli::OutputFormat::Json => self.json.push(move_json(t, self.dry_run)),
+        }
+    }
+
+    /// Prints the JSON summary (in JSON mode), then passes `result` on.
+    fn finish(self, result: Result<()>) -> Result<()> {
+        if let Some(last) = self.json.last() {
+            let mut summary = last.clone();
+            summary["moves"] = serde_json::Value::Array(self.json.clone());
+            output::json(&summary)?;
+        }
+        result
+    }
+}
+
+fn move_json(t: &Transition, dry_run: bool) -> serde_json::Value {
     let (from, to) = (&t.change.from, &t.change.to);
     let gates: Vec<&str> = t.change.gates.iter().map(|g| g.as_str()).collect();
-    let value = json!({
+    json!({
         "id": t.migration.id,
         "dry_run": dry_run,
         "from": { "phase": from.phase, "epoch": from.epoch, "paused": from.paused },
@@ -179,43 +223,46 @@ fn report(ctx: &Ctx, t: &Transition, dry_run: bool) -> Result<()> {
         "gates": gates,
         "event_id": t.event_id,
         "routers_must_acknowledge": from.phase.changes_router_behaviour(to.phase),
-    });
-    output::emit(ctx.output, &value, || {
-        let what = if from.phase != to.phase {
-            format!("{} -> {}", from.phase, to.phase)
-        } else if to.paused != from.paused {
-            format!(
-                "{} {}",
-                to.phase,
-                if to.paused { "paused" } else { "resumed" }
-            )
-        } else {
-            format!("{} resumed", to.phase)
-        };
-        if dry_run {
-            println!(
-                "dry run: migration {} may move {what}; gates hold: {}; nothing changed",
-                t.migration.id,
-                if gates.is_empty() {
-                    "none needed".to_owned()
-                } else {
-                    gates.join(", ")
-                }
-            );
-        } else {
-            println!(
-                "migration {}: {what} (epoch {} -> {})",
-                t.migration.id, from.epoch, to.epoch
-            );
-            if from.phase.changes_router_behaviour(to.phase) {
-                println!(
-                    "routers change behaviour in {}: every live router must acknowledge epoch {} \
-                     before the next move",
-                    to.phase, to.epoch
-                );
-            }
-        }
     })
+}
+
+fn print_move(t: &Transition, dry_run: bool) {
+    let (from, to) = (&t.change.from, &t.change.to);
+    let gates: Vec<&str> = t.change.gates.iter().map(|g| g.as_str()).collect();
+    let what = if from.phase != to.phase {
+        format!("{} -> {}", from.phase, to.phase)
+    } else if to.paused != from.paused {
+        format!(
+            "{} {}",
+            to.phase,
+            if to.paused { "paused" } else { "resumed" }
+        )
+    } else {
+        format!("{} resumed", to.phase)
+    };
+    if dry_run {
+        println!(
+            "dry run: migration {} may move {what}; gates hold: {}; nothing changed",
+            t.migration.id,
+            if gates.is_empty() {
+                "none needed".to_owned()
+            } else {
+                gates.join(", ")
+            }
+        );
+    } else {
+        println!(
+            "migration {}: {what} (epoch {} -> {})",
+            t.migration.id, from.epoch, to.epoch
+        );
+        if from.phase.changes_router_behaviour(to.phase) {
+            println!(
+                "routers change behaviour in {}: waiting for every live router to acknowledge \
+                 epoch {}",
+                to.phase, to.epoch
+            );
+        }
+    }
 }
 
 /// Waits until every router with a live lease has acknowledged the migration's epoch. A router
@@ -269,6 +316,7 @@ async fn barrier(ctx: &Ctx, migration: &Migration, timeout: Duration) -> Result<
 /// in time, the migration goes back and nothing was lost.
 async fn write_switch(
     ctx: &Ctx,
+    moves: &mut Moves<'_>,
     entered: &Transition,
     switch_timeout: Duration,
     timeout: Duration,
@@ -290,7 +338,7 @@ async fn write_switch(
                     false,
                 )
                 .await?;
-            report(ctx, &t, false)?;
+            moves.record(&t);
             barrier(ctx, &t.migration, timeout).await
         }
         Err(waited) => {
@@ -299,7 +347,7 @@ async fn write_switch(
                 .store
                 .transition(id, &Action::Advance(back), &ctx.actor, Some(&why), false)
                 .await?;
-            report(ctx, &t, false)?;
+            moves.record(&t);
             Err(Error::failed(format!(
                 "{why}; migration {id} went back to {back}, nothing was lost"
             )))

@@ -4,6 +4,7 @@
 mod db;
 mod migration;
 mod route;
+mod routers;
 mod shard;
 mod version;
 
@@ -28,6 +29,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Version(cmd) => version::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Migration(cmd) => migration::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Route(cmd) => route::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Routers(cmd) => routers::run(&ctx(url, output, actor).await?, cmd).await,
     }
 }
 

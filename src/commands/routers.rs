@@ -1,0 +1,46 @@
+//! `reshard routers`: the routers applications embed, as the state store sees them.
+
+use crate::cli::RoutersCommand;
+use crate::commands::Ctx;
+use crate::error::Result;
+use crate::output;
+
+pub async fn run(ctx: &Ctx, cmd: RoutersCommand) -> Result<()> {
+    let RoutersCommand::List { collection } = cmd;
+    let routers = ctx.store.routers(collection.as_deref()).await?;
+    output::emit(ctx.output, &routers, || {
+        output::table(
+            &[
+                "collection",
+                "name",
+                "host",
+                "pid",
+                "migration",
+                "epoch",
+                "lease age",
+                "live",
+                "p99 ms",
+                "errors",
+            ],
+            routers.iter().map(|r| {
+                let all = &r.stats["all"];
+                [
+                    r.collection.clone(),
+                    r.name.clone(),
+                    r.host.clone(),
+                    r.pid.to_string(),
+                    output::or_dash(r.migration_id),
+                    output::or_dash(r.acked_epoch),
+                    format!("{:.1}s", r.lease_age_secs),
+                    if r.live { "yes" } else { "expired" }.to_owned(),
+                    all["p99_ms"]
+                        .as_f64()
+                        .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}")),
+                    all["errors"]
+                        .as_u64()
+                        .map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                ]
+            }),
+        )
+    })
+}
