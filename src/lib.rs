@@ -8,6 +8,7 @@ pub mod cli;
 mod commands;
 pub mod copy;
 pub mod error;
+pub mod ledger;
 mod logging;
 pub mod mongo;
 pub mod output;

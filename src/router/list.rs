@@ -49,6 +49,7 @@ fn tenant_locations(version: &RoutingVersion, tenant: &KeyValue) -> Vec<Location
 
 struct Stream {
     side: Side,
+    location: Location,
     cursor: Cursor<Document>,
     head: Option<Document>,
 }
@@ -96,6 +97,7 @@ pub async fn list_tenant(
             let filter = filter.clone();
             async move {
                 let coll = super::exec_collection(inner, &location)?;
+                let location_kept = location.clone();
                 let cursor = coll
                     .find(filter)
                     .sort(doc! { "_id": 1 })
@@ -103,6 +105,7 @@ pub async fn list_tenant(
                     .await?;
                 let mut s = Stream {
                     side,
+                    location: location_kept,
                     cursor,
                     head: None,
                 };
@@ -127,26 +130,43 @@ pub async fn list_tenant(
                 next: None,
             });
         };
-        // Every stream positioned on this id contributes one candidate; the target's wins.
+        // Every stream positioned on this id contributes one candidate; the target's wins. A
+        // location can belong to both layouts (a collection that keeps its name), so a document
+        // only counts for a side when that side's version places it at this location.
         let mut chosen: Option<(Side, Document)> = None;
+        let id_key = KeyValue::from_bson(&smallest)?;
         for s in streams.iter_mut() {
-            if s.head_id()
+            if !s
+                .head_id()
                 .is_some_and(|id| compare_ids(id, &smallest) == Ordering::Equal)
             {
-                let doc = s.head.take().expect("head was checked");
-                let better = match &chosen {
-                    None => true,
-                    Some((side, _)) => *side == Side::Source && s.side == Side::Target,
-                };
-                if better {
-                    chosen = Some((s.side, doc));
-                }
-                s.advance().await?;
+                continue;
+            }
+            let doc = s.head.take().expect("head was checked");
+            s.advance().await?;
+            let version = match s.side {
+                Side::Source => &snapshot.source,
+                Side::Target => &snapshot.target,
+            };
+            if !version
+                .locate(&tenant_key, &id_key)?
+                .locations
+                .contains(&s.location)
+            {
+                continue;
+            }
+            let better = match &chosen {
+                None => true,
+                Some((side, _)) => *side == Side::Source && s.side == Side::Target,
+            };
+            if better {
+                chosen = Some((s.side, doc));
             }
         }
-        let (_, doc) = chosen.expect("at least one stream held the smallest id");
-        if !is_tombstone(&doc) {
-            documents.push(strip_metadata(doc));
+        if let Some((_, doc)) = chosen {
+            if !is_tombstone(&doc) {
+                documents.push(strip_metadata(doc));
+            }
         }
     }
     let next = documents.last().and_then(|d| d.get("_id").cloned());

@@ -1,0 +1,399 @@
+//! A small order service built on reshard's router: the reference for application authors.
+//!
+//! It generates a skewed workload (Zipf-distributed customers, one very hot one) of inserts,
+//! partial updates, replaces, deletes, re-creates, reads and tenant listings at a given rate,
+//! and appends every acknowledged write to a ledger (JSON lines). Run it while a migration
+//! moves through its phases, then check the ledger against the final state:
+//!
+//! ```sh
+//! cargo run --example orders_app -- --database-url $URL --seconds 30 --ledger /tmp/orders.jsonl
+//! cargo run --example orders_app -- --database-url $URL --check --ledger /tmp/orders.jsonl
+//! ```
+//!
+//! Each worker owns its own order ids (so it knows exactly what each of them must contain)
+//! while all workers share the customers. A read that disagrees with the worker's own
+//! knowledge is counted as a read anomaly at once; `--check` reports lost writes, resurrected
+//! deletes and wrong contents. Both print a JSON summary and exit 1 on any anomaly.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use mongodb::bson::{doc, Bson, Document};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reshard::ledger::{self, Entry, LedgerWriter};
+use reshard::router::{Router, RouterConfig, RouterError};
+use serde_json::{json, Value};
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, env = "RESHARD_DATABASE_URL")]
+    database_url: String,
+    #[arg(long, default_value = "orders")]
+    collection: String,
+    /// How long to run the workload.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Operations per second across all workers.
+    #[arg(long, default_value_t = 200)]
+    rate: u32,
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Number of customers; customer 1 is `cust-hot` and takes the largest share.
+    #[arg(long, default_value_t = 50)]
+    tenants: usize,
+    /// Zipf exponent of the customer distribution.
+    #[arg(long, default_value_t = 1.2)]
+    zipf: f64,
+    #[arg(long)]
+    ledger: PathBuf,
+    /// Check the ledger against the final state instead of running the workload.
+    #[arg(long)]
+    check: bool,
+    /// Seed of the workload (printed; random when not given).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+/// Samples customer ranks 1..=n with probability proportional to 1/k^s.
+struct Zipf {
+    cumulative: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: usize, s: f64) -> Self {
+        let mut total = 0.0;
+        let cumulative = (1..=n)
+            .map(|k| {
+                total += 1.0 / (k as f64).powf(s);
+                total
+            })
+            .collect();
+        Zipf { cumulative }
+    }
+
+    fn sample(&self, rng: &mut impl Rng) -> usize {
+        let x = rng.gen::<f64>() * self.cumulative.last().copied().unwrap_or(1.0);
+        self.cumulative.partition_point(|c| *c < x) + 1
+    }
+}
+
+fn tenant_name(rank: usize) -> String {
+    if rank == 1 {
+        "cust-hot".to_owned()
+    } else {
+        format!("cust-{rank:04}")
+    }
+}
+
+/// The fields the application controls, as the ledger records them.
+fn app_fields(doc: &Document) -> Value {
+    json!({
+        "customerId": doc.get_str("customerId").unwrap_or_default(),
+        "qty": doc.get_i32("qty").unwrap_or_default(),
+        "status": doc.get_str("status").unwrap_or_default(),
+        "version": doc.get_i32("version").unwrap_or_default(),
+    })
+}
+
+#[derive(Default, Debug, Clone, serde::Serialize)]
+struct Counts {
+    ops: u64,
+    acknowledged_writes: u64,
+    reads: u64,
+    listings: u64,
+    errors: u64,
+    read_anomalies: u64,
+    anomaly_examples: Vec<String>,
+}
+
+struct Shared {
+    ledger: Mutex<LedgerWriter<BufWriter<File>>>,
+    seq: std::sync::atomic::AtomicU64,
+    counts: Mutex<Counts>,
+}
+
+impl Shared {
+    fn log(&self, worker: u32, op: &str, tenant: &str, id: &str, doc: Option<Value>) {
+        let entry = Entry {
+            seq: self.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+            worker,
+            op: op.to_owned(),
+            tenant: tenant.to_owned(),
+            id: id.to_owned(),
+            doc,
+        };
+        self.ledger
+            .lock()
+            .unwrap()
+            .append(&entry)
+            .expect("ledger write");
+    }
+
+    fn anomaly(&self, what: String) {
+        let mut c = self.counts.lock().unwrap();
+        c.read_anomalies += 1;
+        if c.anomaly_examples.len() < 20 {
+            c.anomaly_examples.push(what);
+        }
+    }
+}
+
+/// What one worker knows of its own orders.
+struct Worker {
+    n: u32,
+    rng: StdRng,
+    orders: HashMap<String, (String, Option<Document>)>,
+    next_id: u64,
+}
+
+impl Worker {
+    fn pick(&mut self, live: bool) -> Option<(String, String, Option<Document>)> {
+        let candidates: Vec<&String> = self
+            .orders
+            .iter()
+            .filter(|(_, (_, d))| d.is_some() == live)
+            .map(|(id, _)| id)
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let id = candidates[self.rng.gen_range(0..candidates.len())].clone();
+        let (tenant, doc) = self.orders[&id].clone();
+        Some((id, tenant, doc))
+    }
+}
+
+/// Re-reads an order whose write failed in a way that may or may not have applied.
+async fn resync(router: &Router, shared: &Shared, w: &mut Worker, tenant: &str, id: &str) {
+    if let Ok(found) = router.get(tenant, id).await {
+        shared.log(w.n, "resync", tenant, id, found.as_ref().map(app_fields));
+        w.orders.insert(id.to_owned(), (tenant.to_owned(), found));
+    }
+}
+
+/// Whether an error means the write certainly did not happen.
+fn not_applied(e: &RouterError) -> bool {
+    matches!(
+        e,
+        RouterError::WriteHeld(_) | RouterError::RoutingStale | RouterError::DuplicateId(_)
+    )
+}
+
+async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
+    let roll: u32 = w.rng.gen_range(0..100);
+    shared.counts.lock().unwrap().ops += 1;
+    let result: Result<(), RouterError> = async {
+        match roll {
+            // Insert a new order for a Zipf-chosen customer.
+            0..=29 => {
+                let tenant = tenant_name(zipf.sample(&mut w.rng));
+                let id = format!("w{}-{}", w.n, w.next_id);
+                w.next_id += 1;
+                let doc = doc! { "_id": &id, "customerId": &tenant, "qty": 1, "status": "new", "version": 1 };
+                w.orders.insert(id.clone(), (tenant.clone(), None));
+                router.insert(doc.clone()).await?;
+                shared.log(w.n, "insert", &tenant, &id, Some(app_fields(&doc)));
+                w.orders.insert(id, (tenant, Some(doc)));
+            }
+            // Partial update.
+            30..=54 => {
+                let Some((id, tenant, Some(mut doc))) = w.pick(true) else { return Ok(()) };
+                let changed = router
+                    .update(&tenant, &id, doc! { "$inc": { "qty": 1, "version": 1 }, "$set": { "status": "paid" } })
+                    .await?;
+                if !changed {
+                    shared.anomaly(format!("update of live {id} matched nothing"));
+                    return Ok(());
+                }
+                doc.insert("qty", doc.get_i32("qty").unwrap() + 1);
+                doc.insert("version", doc.get_i32("version").unwrap() + 1);
+                doc.insert("status", "paid");
+                shared.log(w.n, "update", &tenant, &id, Some(app_fields(&doc)));
+                w.orders.insert(id, (tenant, Some(doc)));
+            }
+            // Replace the whole order.
+            55..=64 => {
+                let Some((id, tenant, Some(doc))) = w.pick(true) else { return Ok(()) };
+                let version = doc.get_i32("version").unwrap() + 1;
+                let new = doc! { "_id": &id, "customerId": &tenant, "qty": 7, "status": "replaced", "version": version };
+                if !router.replace(new.clone(), false).await? {
+                    shared.anomaly(format!("replace of live {id} matched nothing"));
+                    return Ok(());
+                }
+                shared.log(w.n, "replace", &tenant, &id, Some(app_fields(&new)));
+                w.orders.insert(id, (tenant, Some(new)));
+            }
+            // Delete.
+            65..=74 => {
+                let Some((id, tenant, Some(_))) = w.pick(true) else { return Ok(()) };
+                if !router.delete(&tenant, &id).await? {
+                    shared.anomaly(format!("delete of live {id} found nothing"));
+                }
+                shared.log(w.n, "delete", &tenant, &id, None);
+                w.orders.insert(id, (tenant, None));
+            }
+            // Re-create a deleted order.
+            75..=79 => {
+                let Some((id, tenant, None)) = w.pick(false) else { return Ok(()) };
+                let doc = doc! { "_id": &id, "customerId": &tenant, "qty": 3, "status": "recreated", "version": 1 };
+                router.insert(doc.clone()).await?;
+                shared.log(w.n, "recreate", &tenant, &id, Some(app_fields(&doc)));
+                w.orders.insert(id, (tenant, Some(doc)));
+            }
+            // Read one of my orders and compare with what I know.
+            80..=94 => {
+                let live = w.rng.gen_bool(0.8);
+                let Some((id, tenant, known)) = w.pick(live) else { return Ok(()) };
+                let found = router.get(&tenant, &id).await?;
+                shared.counts.lock().unwrap().reads += 1;
+                let (a, b) = (known.as_ref().map(app_fields), found.as_ref().map(app_fields));
+                if a != b {
+                    shared.anomaly(format!("read {id}: expected {a:?}, got {b:?}"));
+                }
+            }
+            // List a customer and compare my orders of that customer.
+            _ => {
+                let tenant = tenant_name(zipf.sample(&mut w.rng));
+                let mut seen: BTreeMap<String, Value> = BTreeMap::new();
+                let mut after: Option<Bson> = None;
+                loop {
+                    let page = router.list_tenant(tenant.as_str(), after.clone(), 100).await?;
+                    for d in &page.documents {
+                        let id = d.get_str("_id").unwrap_or_default().to_owned();
+                        if seen.insert(id.clone(), app_fields(d)).is_some() {
+                            shared.anomaly(format!("listing of {tenant} returned {id} twice"));
+                        }
+                    }
+                    match page.next {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+                shared.counts.lock().unwrap().listings += 1;
+                for (id, (t, doc)) in &w.orders {
+                    if *t != tenant {
+                        continue;
+                    }
+                    let want = doc.as_ref().map(app_fields);
+                    if seen.get(id).cloned() != want {
+                        shared.anomaly(format!("listing of {tenant}: {id} expected {want:?}, got {:?}", seen.get(id)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            if roll < 80 {
+                shared.counts.lock().unwrap().acknowledged_writes += 1;
+            }
+        }
+        Err(e) => {
+            shared.counts.lock().unwrap().errors += 1;
+            tracing::warn!(error = %e, "operation failed");
+            if !not_applied(&e) && roll < 80 {
+                // The write may or may not have happened: find out and record it.
+                let ids: Vec<(String, String)> = w
+                    .orders
+                    .iter()
+                    .map(|(id, (t, _))| (id.clone(), t.clone()))
+                    .collect();
+                for (id, tenant) in ids {
+                    resync(router, shared, w, &tenant, &id).await;
+                }
+            }
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
+    let mut config = RouterConfig::named("orders-app");
+    config.heartbeat_interval = Duration::from_millis(500);
+    let router = Router::connect(&args.database_url, &args.collection, config).await?;
+    if args.check {
+        let entries = ledger::read(BufReader::new(File::open(&args.ledger)?))?;
+        let expected = ledger::expected(&entries);
+        let mut actual = BTreeMap::new();
+        for (id, (tenant, _)) in &expected {
+            let found = router.get(tenant.as_str(), id.as_str()).await?;
+            actual.insert(id.clone(), found.as_ref().map(app_fields));
+        }
+        let report = ledger::check(&expected, &actual);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({ "check": report, "anomalies": report.anomalies() })
+            )?
+        );
+        router.shutdown().await;
+        return Ok(report.anomalies() == 0);
+    }
+    let seed = args.seed.unwrap_or_else(rand::random);
+    eprintln!("orders_app: seed {seed}");
+    let shared = Arc::new(Shared {
+        ledger: Mutex::new(LedgerWriter::new(BufWriter::new(File::create(
+            &args.ledger,
+        )?))),
+        seq: Default::default(),
+        counts: Default::default(),
+    });
+    let zipf = Arc::new(Zipf::new(args.tenants.max(1), args.zipf));
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let per_worker = Duration::from_secs_f64(args.workers as f64 / args.rate.max(1) as f64);
+    let mut tasks = Vec::new();
+    for n in 0..args.workers {
+        let (router, shared, zipf) = (router.clone(), shared.clone(), zipf.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut w = Worker {
+                n,
+                rng: StdRng::seed_from_u64(seed ^ (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                orders: HashMap::new(),
+                next_id: 0,
+            };
+            let mut tick = tokio::time::interval(per_worker);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while Instant::now() < deadline {
+                tick.tick().await;
+                step(&router, &shared, &mut w, &zipf).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    shared.ledger.lock().unwrap().flush()?;
+    let counts = shared.counts.lock().unwrap().clone();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&json!({ "seed": seed, "workload": counts }))?
+    );
+    router.shutdown().await;
+    Ok(counts.read_anomalies == 0)
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("RESHARD_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()).await {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::from(1),
+        Err(e) => {
+            eprintln!(
+                "orders_app: {}",
+                reshard::redact::redact_uri(&e.to_string())
+            );
+            std::process::ExitCode::from(2)
+        }
+    }
+}
