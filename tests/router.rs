@@ -107,6 +107,20 @@ impl World {
         self.shards[&l.shard].collection(&l.collection)
     }
 
+    /// An id of the hot tenant whose document moves to another collection in version 2 (a
+    /// document that stays in place has no separate source copy to race with).
+    fn moving_id(&self, prefix: &str) -> String {
+        (0..)
+            .map(|n| format!("{prefix}-{n}"))
+            .find(|id| {
+                let t = KeyValue::String(HOT.into());
+                let i = KeyValue::String(id.clone());
+                self.v1.locate(&t, &i).unwrap().locations
+                    != self.v2.locate(&t, &i).unwrap().locations
+            })
+            .unwrap()
+    }
+
     /// Puts a document where the source version places it, as the application had it.
     async fn seed(&self, tenant: &str, id: &str, total: i32) {
         self.coll(&self.v1, tenant, id)
@@ -199,25 +213,28 @@ impl World {
     }
 }
 
-/// A hook that runs `action` once, before the first step matching `step`/`side`/`payload`.
+/// A hook that runs `action` once, before the first step matching `step`/`side`/`payload`,
+/// and the flag that tells whether it ran.
 fn before_once<F>(
     step: &'static str,
     side: Side,
     payload: Option<&'static str>,
     action: F,
-) -> StepHook
+) -> (StepHook, Arc<AtomicBool>)
 where
     F: Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
 {
     let fired = Arc::new(AtomicBool::new(false));
-    Arc::new(move |event: StepEvent| {
+    let flag = fired.clone();
+    let hook: StepHook = Arc::new(move |event: StepEvent| {
         let matches = event.step == step && event.side == side && event.payload == payload;
         if matches && !fired.swap(true, Ordering::SeqCst) {
             action()
         } else {
             async {}.boxed()
         }
-    })
+    });
+    (hook, flag)
 }
 
 fn total(doc: &Option<Document>) -> Option<i32> {
@@ -227,18 +244,18 @@ fn total(doc: &Option<Document>) -> Option<i32> {
 #[tokio::test]
 async fn an_update_racing_the_backfill_copy_keeps_the_update() {
     let w = Arc::new(world().await);
-    w.seed(HOT, "o1", 1).await;
+    let oid = w.moving_id("o");
+    w.seed(HOT, &oid, 1).await;
     let mut cfg = config("api");
     let copier = w.clone();
-    cfg.step_hook = Some(before_once(
-        "insert",
-        Side::Target,
-        Some("copy"),
+    let (hook, fired) = before_once("insert", Side::Target, Some("copy"), {
+        let oid = oid.clone();
         move || {
-            let w = copier.clone();
-            async move { w.copy(HOT, "o1").await }.boxed()
-        },
-    ));
+            let (w, oid) = (copier.clone(), oid.clone());
+            async move { w.copy(HOT, &oid).await }.boxed()
+        }
+    });
+    cfg.step_hook = Some(hook);
     let router = w.router(cfg).await;
     w.to_backfill(&[&router]).await;
 
@@ -246,11 +263,15 @@ async fn an_update_racing_the_backfill_copy_keeps_the_update() {
     // the backfill copies it. The router's copy then fails as a duplicate and the update
     // applies to the backfill's copy.
     assert!(router
-        .update(HOT, "o1", doc! { "$inc": { "total": 10 } })
+        .update(HOT, &oid, doc! { "$inc": { "total": 10 } })
         .await
         .unwrap());
-    assert_eq!(total(&router.get(HOT, "o1").await.unwrap()), Some(11));
-    let stored = w.target_doc(HOT, "o1").await.unwrap();
+    assert!(
+        fired.load(Ordering::SeqCst),
+        "the copy never raced the update"
+    );
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(11));
+    let stored = w.target_doc(HOT, &oid).await.unwrap();
     assert_eq!(
         stored
             .get_document("_reshard")
@@ -260,127 +281,138 @@ async fn an_update_racing_the_backfill_copy_keeps_the_update() {
         "app"
     );
     // A later copy of the old source document changes nothing.
-    w.copy(HOT, "o1").await;
-    assert_eq!(total(&router.get(HOT, "o1").await.unwrap()), Some(11));
+    w.copy(HOT, &oid).await;
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(11));
     router.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_copy_after_an_update_does_not_overwrite_it() {
     let w = world().await;
-    w.seed(HOT, "o2", 1).await;
+    let oid = w.moving_id("o");
+    w.seed(HOT, &oid, 1).await;
     let router = w.router(config("api")).await;
     w.to_backfill(&[&router]).await;
     assert!(router
-        .update(HOT, "o2", doc! { "$set": { "total": 5 } })
+        .update(HOT, &oid, doc! { "$set": { "total": 5 } })
         .await
         .unwrap());
-    w.copy(HOT, "o2").await;
-    assert_eq!(total(&router.get(HOT, "o2").await.unwrap()), Some(5));
+    w.copy(HOT, &oid).await;
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(5));
     router.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_delete_racing_the_backfill_copy_is_never_resurrected() {
     let w = Arc::new(world().await);
-    w.seed(HOT, "o3", 1).await;
+    let oid = w.moving_id("o");
+    w.seed(HOT, &oid, 1).await;
     let mut cfg = config("api");
     let copier = w.clone();
-    cfg.step_hook = Some(before_once(
-        "insert",
-        Side::Target,
-        Some("tombstone"),
+    let (hook, fired) = before_once("insert", Side::Target, Some("tombstone"), {
+        let oid = oid.clone();
         move || {
-            let w = copier.clone();
-            async move { w.copy(HOT, "o3").await }.boxed()
-        },
-    ));
+            let (w, oid) = (copier.clone(), oid.clone());
+            async move { w.copy(HOT, &oid).await }.boxed()
+        }
+    });
+    cfg.step_hook = Some(hook);
     let router = w.router(cfg).await;
     w.to_backfill(&[&router]).await;
 
-    assert!(router.delete(HOT, "o3").await.unwrap());
-    assert_eq!(router.get(HOT, "o3").await.unwrap(), None);
-    let stored = w.target_doc(HOT, "o3").await.unwrap();
+    assert!(router.delete(HOT, &oid).await.unwrap());
+    assert!(
+        fired.load(Ordering::SeqCst),
+        "the copy never raced the delete"
+    );
+    assert_eq!(router.get(HOT, &oid).await.unwrap(), None);
+    let stored = w.target_doc(HOT, &oid).await.unwrap();
     assert!(reshard::router::is_tombstone(&stored), "{stored}");
     // The source copy is still there until cleanup; copying it again cannot bring it back.
-    w.copy(HOT, "o3").await;
-    assert_eq!(router.get(HOT, "o3").await.unwrap(), None);
+    w.copy(HOT, &oid).await;
+    assert_eq!(router.get(HOT, &oid).await.unwrap(), None);
     let page = router.list_tenant(HOT, None, 100).await.unwrap();
     assert!(page.documents.is_empty(), "{:?}", page.documents);
     // A second delete finds nothing.
-    assert!(!router.delete(HOT, "o3").await.unwrap());
+    assert!(!router.delete(HOT, &oid).await.unwrap());
     router.shutdown().await;
 }
 
 #[tokio::test]
 async fn re_creating_a_deleted_id_replaces_its_tombstone() {
     let w = world().await;
-    w.seed(HOT, "o4", 1).await;
+    let oid = w.moving_id("o");
+    w.seed(HOT, &oid, 1).await;
     let router = w.router(config("api")).await;
     w.to_backfill(&[&router]).await;
-    assert!(router.delete(HOT, "o4").await.unwrap());
+    assert!(router.delete(HOT, &oid).await.unwrap());
     router
-        .insert(doc! { "_id": "o4", "customerId": HOT, "total": 40 })
+        .insert(doc! { "_id": &oid, "customerId": HOT, "total": 40 })
         .await
         .unwrap();
-    assert_eq!(total(&router.get(HOT, "o4").await.unwrap()), Some(40));
-    w.copy(HOT, "o4").await;
-    assert_eq!(total(&router.get(HOT, "o4").await.unwrap()), Some(40));
-    assert!(router.delete(HOT, "o4").await.unwrap());
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(40));
+    w.copy(HOT, &oid).await;
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(40));
+    assert!(router.delete(HOT, &oid).await.unwrap());
     assert!(router
-        .replace(doc! { "_id": "o4", "customerId": HOT, "total": 41 }, true)
+        .replace(doc! { "_id": &oid, "customerId": HOT, "total": 41 }, true)
         .await
         .unwrap());
-    assert_eq!(total(&router.get(HOT, "o4").await.unwrap()), Some(41));
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(41));
     router.shutdown().await;
 }
 
 #[tokio::test]
 async fn inserting_an_id_that_still_sits_in_the_source_is_refused() {
     let w = world().await;
-    w.seed(HOT, "o5", 1).await;
+    let oid = w.moving_id("o");
+    w.seed(HOT, &oid, 1).await;
     let router = w.router(config("api")).await;
     w.to_backfill(&[&router]).await;
     let err = router
-        .insert(doc! { "_id": "o5", "customerId": HOT, "total": 2 })
+        .insert(doc! { "_id": &oid, "customerId": HOT, "total": 2 })
         .await
         .unwrap_err();
     assert!(matches!(err, RouterError::DuplicateId(_)), "{err}");
-    assert_eq!(total(&router.get(HOT, "o5").await.unwrap()), Some(1));
-    assert_eq!(w.target_doc(HOT, "o5").await, None);
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(1));
+    assert_eq!(w.target_doc(HOT, &oid).await, None);
     router.shutdown().await;
 }
 
 #[tokio::test]
 async fn two_copy_on_writes_racing_apply_both_updates() {
     let w = Arc::new(world().await);
-    w.seed(HOT, "o6", 1).await;
+    let oid = w.moving_id("o");
+    w.seed(HOT, &oid, 1).await;
     let other = w.router(config("api-b")).await;
     let mut cfg = config("api-a");
     let b = other.clone();
-    cfg.step_hook = Some(before_once(
-        "insert",
-        Side::Target,
-        Some("copy"),
+    let (hook, fired) = before_once("insert", Side::Target, Some("copy"), {
+        let oid = oid.clone();
         move || {
-            let b = b.clone();
+            let (b, oid) = (b.clone(), oid.clone());
             async move {
                 assert!(b
-                    .update(HOT, "o6", doc! { "$inc": { "total": 100 } })
+                    .update(HOT, &oid, doc! { "$inc": { "total": 100 } })
                     .await
                     .unwrap());
             }
             .boxed()
-        },
-    ));
+        }
+    });
+    cfg.step_hook = Some(hook);
     let router = w.router(cfg).await;
     w.to_backfill(&[&router, &other]).await;
     assert!(router
-        .update(HOT, "o6", doc! { "$inc": { "total": 10 } })
+        .update(HOT, &oid, doc! { "$inc": { "total": 10 } })
         .await
         .unwrap());
-    assert_eq!(total(&router.get(HOT, "o6").await.unwrap()), Some(111));
-    assert_eq!(total(&other.get(HOT, "o6").await.unwrap()), Some(111));
+    assert!(
+        fired.load(Ordering::SeqCst),
+        "the two copy-on-writes never raced"
+    );
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(111));
+    assert_eq!(total(&other.get(HOT, &oid).await.unwrap()), Some(111));
     router.shutdown().await;
     other.shutdown().await;
 }
@@ -485,7 +517,6 @@ async fn tenant_listings_under_concurrent_writes_return_each_surviving_document_
         None,
         Some(Phase::DualRead),
         Some(Phase::WriteSwitch),
-        Some(Phase::NewWrites),
         Some(Phase::Backfill),
     ];
     let mut churn = 0;
@@ -498,6 +529,10 @@ async fn tenant_listings_under_concurrent_writes_return_each_surviving_document_
             for i in (0..40).step_by(2) {
                 w.copy(HOT, &format!("k{i:03}")).await;
             }
+        }
+        if phase == Some(Phase::WriteSwitch) {
+            // Writes are held here by design; the driver never stays in this phase.
+            w.advance(&[&router, &writer], &[Phase::NewWrites]).await;
         }
         // Concurrent churn: new documents come and go, stable ones are updated.
         let writer2 = writer.clone();
@@ -520,9 +555,6 @@ async fn tenant_listings_under_concurrent_writes_return_each_surviving_document_
         churn += 1;
         let listed = list_all(&router).await;
         churn_task.await.unwrap();
-        if phase == Some(Phase::WriteSwitch) {
-            // Writes were held; nothing else changes for listings.
-        }
         let unique: BTreeSet<&String> = listed.iter().collect();
         assert_eq!(
             unique.len(),
