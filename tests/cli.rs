@@ -566,3 +566,34 @@ async fn route_explain_follows_the_phase() {
     let expected = reshard::routing::hash(&7i64.to_le_bytes()) % 16;
     assert_eq!(target["sub_bucket"].as_u64().unwrap(), expected);
 }
+
+#[tokio::test]
+async fn logs_follow_reshard_log_and_can_be_json() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let id = m["id"].as_i64().unwrap().to_string();
+    let out = assert_cmd::Command::cargo_bin("reshard")
+        .unwrap()
+        .env("RESHARD_DATABASE_URL", db.url())
+        .env("RESHARD_LOG", "info")
+        .args(["--log-format", "json", "migration", "pause", &id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = stderr(&out)
+        .lines()
+        .find(|l| l.contains("migration changed"))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no log line in {}", stderr(&out)));
+    let event: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(event["level"], "INFO");
+    assert_eq!(event["action"], "pause");
+    assert_eq!(event["migration"], m["id"]);
+    // Without RESHARD_LOG, the same command logs nothing at info level.
+    let quiet = reshard(&db, &["migration", "resume", &id]);
+    assert!(!stderr(&quiet).contains("migration changed"));
+}

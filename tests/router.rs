@@ -519,8 +519,7 @@ async fn tenant_listings_under_concurrent_writes_return_each_surviving_document_
         Some(Phase::WriteSwitch),
         Some(Phase::Backfill),
     ];
-    let mut churn = 0;
-    for phase in phases {
+    for (churn, phase) in phases.into_iter().enumerate() {
         if let Some(p) = phase {
             w.advance(&[&router, &writer], &[p]).await;
         }
@@ -552,7 +551,6 @@ async fn tenant_listings_under_concurrent_writes_return_each_surviving_document_
                 let _ = writer2.delete(HOT, &id).await;
             }
         });
-        churn += 1;
         let listed = list_all(&router).await;
         churn_task.await.unwrap();
         let unique: BTreeSet<&String> = listed.iter().collect();

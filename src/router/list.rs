@@ -136,9 +136,8 @@ pub async fn list_tenant(
         let mut chosen: Option<(Side, Document)> = None;
         let id_key = KeyValue::from_bson(&smallest)?;
         for s in streams.iter_mut() {
-            if !s
-                .head_id()
-                .is_some_and(|id| compare_ids(id, &smallest) == Ordering::Equal)
+            if s.head_id()
+                .is_none_or(|id| compare_ids(id, &smallest) != Ordering::Equal)
             {
                 continue;
             }

@@ -277,6 +277,16 @@ impl Store {
         .await?;
         notify(&mut tx, &updated).await?;
         tx.commit().await?;
+        tracing::info!(
+            migration = id,
+            collection = %updated.collection,
+            action = action.kind(),
+            from = %change.from.phase,
+            to = %to.phase,
+            epoch = to.epoch,
+            actor,
+            "migration changed"
+        );
         Ok(Transition {
             migration: updated,
             change,
