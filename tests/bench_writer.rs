@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, Bson};
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;

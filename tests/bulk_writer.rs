@@ -12,9 +12,11 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
-use reshard::copy::writer::disable_driver_write_retries;
+use reshard::copy::classify::failures_from_driver_error;
+use reshard::copy::writer::{disable_driver_write_retries, CommandLimits};
 use reshard::copy::{
-    BulkWriter, FailureClass, RetryPolicy, Statement, StatementResult, WriterError, WriterOptions,
+    classify, BulkWriter, FailureClass, RetryPolicy, Statement, StatementResult, WriterError,
+    WriterOptions,
 };
 use reshard::routing::Location;
 use serde_json::json;
@@ -28,26 +30,46 @@ struct Fixture {
     shards: Shards,
     databases: BTreeMap<String, Database>,
     writes_started: Arc<Mutex<BTreeMap<String, u32>>>,
+    /// `(in flight now, most in flight at once)` of write commands per shard.
+    in_flight: Arc<Mutex<BTreeMap<String, (u32, u32)>>>,
     overloads: Arc<Mutex<Vec<String>>>,
     writer: BulkWriter,
 }
 
 impl Fixture {
     async fn start(n: usize, retry: RetryPolicy) -> Fixture {
+        let options = WriterOptions {
+            retry,
+            ..WriterOptions::default()
+        };
+        Fixture::start_with(n, options).await
+    }
+
+    async fn start_with(n: usize, options: WriterOptions) -> Fixture {
         let shards = Shards::start_with(n, MongoServer::builder().test_commands(true)).await;
         let db_name = MongoServer::database_name();
         let writes_started = Arc::new(Mutex::new(BTreeMap::new()));
+        let in_flight = Arc::new(Mutex::new(BTreeMap::new()));
         let mut databases = BTreeMap::new();
         for server in shards.iter() {
             let mut options = ClientOptions::parse(server.uri()).await.unwrap();
             disable_driver_write_retries(&mut options);
             let counts = writes_started.clone();
+            let flying = in_flight.clone();
             let name = server.name().to_string();
+            let is_write = |command: &str| ["insert", "update", "delete"].contains(&command);
             options.command_event_handler = Some(EventHandler::callback(move |event| {
-                if let CommandEvent::Started(started) = event {
-                    if ["insert", "update", "delete"].contains(&started.command_name.as_str()) {
+                let mut flying = flying.lock().unwrap();
+                let (now, most) = flying.entry(name.clone()).or_insert((0, 0));
+                match event {
+                    CommandEvent::Started(e) if is_write(&e.command_name) => {
                         *counts.lock().unwrap().entry(name.clone()).or_insert(0) += 1;
+                        *now += 1;
+                        *most = (*most).max(*now);
                     }
+                    CommandEvent::Succeeded(e) if is_write(&e.command_name) => *now -= 1,
+                    CommandEvent::Failed(e) if is_write(&e.command_name) => *now -= 1,
+                    _ => {}
                 }
             }));
             let client = Client::with_options(options).unwrap();
@@ -55,10 +77,6 @@ impl Fixture {
         }
         let overloads = Arc::new(Mutex::new(Vec::new()));
         let sink = overloads.clone();
-        let options = WriterOptions {
-            retry,
-            ..WriterOptions::default()
-        };
         let writer = BulkWriter::new(databases.clone(), options).with_overload_sink(Arc::new(
             move |shard: &str| sink.lock().unwrap().push(shard.to_string()),
         ));
@@ -66,9 +84,14 @@ impl Fixture {
             shards,
             databases,
             writes_started,
+            in_flight,
             overloads,
             writer,
         }
+    }
+
+    fn most_in_flight(&self, shard: &str) -> u32 {
+        self.in_flight.lock().unwrap()[shard].1
     }
 
     fn writes_started(&self) -> BTreeMap<String, u32> {
@@ -301,6 +324,30 @@ async fn a_document_the_target_refuses_is_dead_lettered_and_updates_and_deletes_
     let refused_id = batch[refused].id.as_i64().unwrap();
     assert!(fx.find("s2", refused_id).await.is_none());
 
+    // The same classification from the driver's own `insert_many` error: a duplicate, a
+    // refused document, and a new one.
+    let error = fx.databases["s2"]
+        .collection::<Document>(COLLECTION)
+        .insert_many([
+            doc! { "_id": 3i64, "must": true },
+            doc! { "_id": -1i64 },
+            doc! { "_id": -2i64, "must": true },
+        ])
+        .ordered(false)
+        .await
+        .unwrap_err();
+    let classes: Vec<(usize, FailureClass)> = failures_from_driver_error(&error, 3)
+        .iter()
+        .map(|(index, failure)| (*index, classify(failure)))
+        .collect();
+    assert_eq!(
+        classes,
+        vec![
+            (0, FailureClass::AlreadyPresent),
+            (1, FailureClass::Permanent)
+        ]
+    );
+
     // Stamping in place (update) and cleanup (delete) through the same writer.
     let stamps: Vec<Statement> = batch
         .iter()
@@ -333,7 +380,9 @@ async fn a_document_the_target_refuses_is_dead_lettered_and_updates_and_deletes_
     let report = fx.writer.write(deletes).await.unwrap();
     assert_eq!(report.counts.applied, deleted);
     let left = fx.count("s1", doc! {}).await + fx.count("s2", doc! {}).await;
-    assert_eq!(left + report.affected, 299);
+    // 299 copied documents plus the one `insert_many` added above.
+    assert_eq!(left + report.affected, 300);
+    assert_eq!(report.affected, deleted);
 
     // A statement for a shard the writer does not know is refused before anything is sent.
     let before = fx.writes_started();
@@ -375,4 +424,32 @@ async fn a_blocked_shard_slows_only_its_own_statements() {
     for i in 1..=4 {
         assert_eq!(fx.count(&format!("s{i}"), doc! {}).await, 500);
     }
+}
+
+#[tokio::test]
+async fn large_location_batches_are_split_and_bounded_in_flight_per_shard() {
+    let options = WriterOptions {
+        max_in_flight_per_shard: 2,
+        limits: CommandLimits {
+            max_statements: 100,
+            ..CommandLimits::default()
+        },
+        retry: quick_retries(),
+        ..WriterOptions::default()
+    };
+    let fx = Fixture::start_with(1, options).await;
+    // Each command waits on the server, so that commands overlap if the writer lets them.
+    fx.shards
+        .get("s1")
+        .fail_command(json!({
+            "mode": {"times": 1000},
+            "data": {"failCommands": ["insert"], "blockConnection": true, "blockTimeMS": 100},
+        }))
+        .await;
+    let report = fx.writer.write(inserts(1_000, 1)).await.unwrap();
+    fx.shards.get("s1").clear_failpoint().await;
+    assert_eq!(report.counts.inserted, 1_000);
+    assert_eq!(report.shards["s1"].commands, 10);
+    assert!(fx.most_in_flight("s1") <= 2, "{}", fx.most_in_flight("s1"));
+    assert_eq!(fx.count("s1", doc! {}).await, 1_000);
 }

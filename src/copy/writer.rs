@@ -217,7 +217,9 @@ pub enum StatementResult {
     Inserted,
     /// The delete or update was applied (which may have matched nothing).
     Applied,
-    /// A duplicate key: the document was already there.
+    /// A duplicate key on `_id`: the document was already there. This includes a document
+    /// this writer inserted in an earlier attempt whose reply was lost (a dropped connection),
+    /// so `Inserted + AlreadyPresent` is what the completeness ledger counts on.
     AlreadyPresent,
     /// A later statement of the batch had the same location and id and replaced this one.
     DroppedDuplicate {
