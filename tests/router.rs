@@ -647,3 +647,38 @@ async fn every_write_carries_the_app_stamp_and_the_routing_field() {
     assert!(!read.contains_key("_reshard"));
     router.shutdown().await;
 }
+
+#[tokio::test]
+async fn every_target_write_bumps_the_documents_revision() {
+    let w = world().await;
+    let oid = w.moving_id("r");
+    w.seed(HOT, &oid, 1).await;
+    let router = w.router(config("api")).await;
+    w.to_backfill(&[&router]).await;
+    let rev = |d: Option<Document>| reshard::router::revision(&d.unwrap());
+    // The copy-on-write copy is revision 0, the update on it revision 1.
+    assert!(router
+        .update(HOT, &oid, doc! { "$inc": { "total": 1 } })
+        .await
+        .unwrap());
+    assert_eq!(rev(w.target_doc(HOT, &oid).await), 1);
+    assert!(router
+        .replace(doc! { "_id": &oid, "customerId": HOT, "total": 9 }, false)
+        .await
+        .unwrap());
+    assert_eq!(rev(w.target_doc(HOT, &oid).await), 2);
+    assert!(router.delete(HOT, &oid).await.unwrap());
+    assert_eq!(rev(w.target_doc(HOT, &oid).await), 3);
+    router
+        .insert(doc! { "_id": &oid, "customerId": HOT, "total": 4 })
+        .await
+        .unwrap();
+    assert_eq!(rev(w.target_doc(HOT, &oid).await), 4);
+    // A new id starts at revision 1.
+    router
+        .insert(doc! { "_id": "fresh", "customerId": HOT, "total": 4 })
+        .await
+        .unwrap();
+    assert_eq!(rev(w.target_doc(HOT, "fresh").await), 1);
+    router.shutdown().await;
+}

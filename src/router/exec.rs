@@ -107,13 +107,16 @@ async fn execute(
         .clone()
         .unwrap_or_else(|| located.locations[0].clone());
     let coll = collection(inner, &location)?;
-    let materialise =
-        |payload: Payload<Document>| materialise(snapshot, v, &located, keys, payload);
+    let materialise = |payload: Payload<Document>, rev: i64| {
+        materialise(snapshot, v, &located, keys, payload, rev)
+    };
     Ok(match step {
         Step::Find(_) => unreachable!("handled above"),
         Step::Insert(_, payload) => {
+            // A new id starts at revision 1; a pristine copy is revision 0.
+            let rev = i64::from(!matches!(payload, Payload::Copy(_)));
             match coll
-                .insert_one(materialise(payload))
+                .insert_one(materialise(payload, rev))
                 .write_concern(wc)
                 .await
             {
@@ -123,18 +126,17 @@ async fn execute(
             }
         }
         Step::ReplaceLive(_, payload) => {
-            let r = coll
-                .replace_one(live, materialise(payload))
-                .write_concern(wc)
-                .await?;
-            Answer::Matched(r.matched_count == 1)
+            let replaced =
+                replace_next_revision(&coll, &live, wc, |rev| materialise(payload.clone(), rev))
+                    .await?;
+            Answer::Matched(replaced)
         }
         Step::ReplaceTombstone(_, payload) => {
-            let r = coll
-                .replace_one(tombstone, materialise(payload))
-                .write_concern(wc)
-                .await?;
-            Answer::Matched(r.matched_count == 1)
+            let replaced = replace_next_revision(&coll, &tombstone, wc, |rev| {
+                materialise(payload.clone(), rev)
+            })
+            .await?;
+            Answer::Matched(replaced)
         }
         Step::UpdateLive(_, update) => {
             let update = stamp_update(update, snapshot, v, &located);
@@ -146,6 +148,50 @@ async fn execute(
             Answer::Matched(r.deleted_count == 1)
         }
     })
+}
+
+/// Replaces the document matching `filter` by `make(previous revision + 1)`, as one atomic
+/// compare-and-set on the revision it read: a concurrent writer that got in between makes the
+/// replace match nothing, and it is tried again on the new revision. Returns false when no
+/// document matches `filter` any more.
+async fn replace_next_revision(
+    coll: &Collection<Document>,
+    filter: &Document,
+    wc: mongodb::options::WriteConcern,
+    make: impl Fn(i64) -> Document,
+) -> Result<bool, RouterError> {
+    loop {
+        let Some(current) = coll.find_one(filter.clone()).await? else {
+            return Ok(false);
+        };
+        let rev = revision(&current);
+        let mut cas = filter.clone();
+        if rev == 0 {
+            cas.insert(format!("{META}.rev"), doc! { "$in": [0, Bson::Null] });
+        } else {
+            cas.insert(format!("{META}.rev"), rev);
+        }
+        let r = coll
+            .replace_one(cas, make(rev + 1))
+            .write_concern(wc.clone())
+            .await?;
+        if r.matched_count == 1 {
+            return Ok(true);
+        }
+    }
+}
+
+/// A document's revision: `_reshard.rev`; 0 for pristine copies and for documents never
+/// written through reshard.
+pub fn revision(doc: &Document) -> i64 {
+    doc.get_document(META)
+        .ok()
+        .and_then(|m| match m.get("rev") {
+            Some(Bson::Int32(r)) => Some(i64::from(*r)),
+            Some(Bson::Int64(r)) => Some(*r),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 fn step_event<D, U>(step: &Step<D, U>, side: Side) -> super::StepEvent {
@@ -207,16 +253,25 @@ fn materialise(
     located: &Located,
     keys: &Keys<'_>,
     payload: Payload<Document>,
+    rev: i64,
 ) -> Document {
     let (mut doc, meta) = match payload {
-        Payload::App(d) => (d, doc! { "src": "app", "epoch": snapshot.epoch }),
-        Payload::Copy(d) => (d, doc! { "src": "copy", "epoch": snapshot.epoch }),
+        Payload::App(d) => (
+            d,
+            doc! { "src": "app", "epoch": snapshot.epoch, "rev": rev },
+        ),
+        Payload::Copy(d) => (
+            d,
+            doc! { "src": "copy", "epoch": snapshot.epoch, "rev": 0_i64 },
+        ),
         Payload::Tombstone => {
             let mut d = doc! { "_id": keys.id.clone() };
             d.insert(version.tenant_key.clone(), keys.tenant.clone());
             (
                 d,
-                doc! { "deleted": true, "at": DateTime::now(), "epoch": snapshot.epoch },
+                doc! {
+                    "deleted": true, "at": DateTime::now(), "epoch": snapshot.epoch, "rev": rev
+                },
             )
         }
     };
@@ -236,6 +291,9 @@ fn stamp_update(
     let mut set = update.get_document("$set").cloned().unwrap_or_default();
     set.insert(format!("{META}.src"), "app");
     set.insert(format!("{META}.epoch"), snapshot.epoch);
+    let mut inc = update.get_document("$inc").cloned().unwrap_or_default();
+    inc.insert(format!("{META}.rev"), 1_i64);
+    update.insert("$inc", inc);
     if let Some(field) = version.routing_field() {
         set.insert(field, located.sub_bucket as i32);
     }
