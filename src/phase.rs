@@ -185,9 +185,14 @@ impl Phase {
     pub fn read_path(self) -> ReadPath {
         use Phase::*;
         match self {
-            Planned | RolledBack => ReadPath::Source,
-            DualRead | WriteSwitch | NewWrites | Backfill | Reconcile | Reverting
-            | RevertSwitch => ReadPath::TargetThenSource,
+            // `revert_switch` reads the source alone: once `reverting` is acknowledged and the
+            // revert copy is done, the source holds everything anyone was told (see
+            // `protocol`), and a router still in `revert_switch` after the move to
+            // `rolled_back` must see the writes that move lets into the source.
+            Planned | RolledBack | RevertSwitch => ReadPath::Source,
+            DualRead | WriteSwitch | NewWrites | Backfill | Reconcile | Reverting => {
+                ReadPath::TargetThenSource
+            }
             NewReads | Cleanup | Completed => ReadPath::Target,
         }
     }
@@ -563,7 +568,7 @@ mod tests {
                 R::TargetThenSource,
                 W::TargetMirroredToSource,
             ),
-            (Phase::RevertSwitch, R::TargetThenSource, W::Held),
+            (Phase::RevertSwitch, R::Source, W::Held),
             (Phase::RolledBack, R::Source, W::Source),
         ];
         for (phase, read, write) in table {

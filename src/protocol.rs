@@ -16,7 +16,16 @@
 //! - reads look at the target first, then at the source while the phase still reads it, and a
 //!   tombstone means "not found";
 //! - the copier inserts if absent; cleanup deletes a source document only once the target holds
-//!   a copy or a tombstone of it.
+//!   a copy or a tombstone of it;
+//! - while rolling back (`reverting`), every write to the target is mirrored to the source by
+//!   revision, so that the source holds the newest data once writes move back to it.
+//!
+//! Revisions: every application write or tombstone the executor puts in the target carries
+//! `_reshard.rev` = the previous revision of that id in the target + 1, computed atomically by
+//! the write itself (a pipeline update or `$inc`); a copy carries revision 0, and source
+//! documents written before the migration have none (read as 0). Target revisions of an id only
+//! grow, because nothing deletes a target document before cleanup. The machines never see
+//! revisions: only [`Step::MirrorToSource`] compares them, inside the executor.
 
 use crate::phase::{Phase, ReadPath, WritePath};
 
@@ -66,6 +75,21 @@ pub enum Step<D, U> {
     UpdateLive(Side, U),
     /// Delete whatever document holds the id. Answered by [`Answer::Matched`].
     Delete(Side),
+    /// Delete the document only if it is live (filter `_reshard.deleted != true`). Answered by
+    /// [`Answer::Matched`].
+    DeleteLive(Side),
+    /// Delete the document only if it is a tombstone: the purge. Answered by
+    /// [`Answer::Matched`].
+    DeleteTombstone(Side),
+    /// Carry the target's document of the id (live or tombstone) to the source, unless the
+    /// source already holds an equal or higher revision. Two single-document operations, in
+    /// this order: read the target document with its revision `r` (absent: nothing to do,
+    /// answer `Matched(false)`); then replace the source document with that image, upserting,
+    /// only where the source's revision is lower than `r` (filter
+    /// `_reshard.rev: {$not: {$gte: r}}`; the duplicate key of the failed upsert means the
+    /// source is already newer). Answered by [`Answer::Matched`]: whether the source changed.
+    /// Mirrors of one id may land in any order; the revision makes the newest one win.
+    MirrorToSource,
 }
 
 /// What the store answered to the last step.
@@ -149,12 +173,24 @@ enum At {
     DelFindSource,
     DelReplaceLive,
     DelInsertTombstone,
-    /// Writes to the source layout (before the write switch).
+    /// Delete once the migration completed: the source is gone, no tombstone is needed.
+    DelPlain,
+    /// Writes to the source layout (before the write switch, and after a rollback, when the
+    /// source may hold tombstones mirrored from the target): inserting; the id was taken, so
+    /// looking at what holds it; replacing a tombstone; replacing the live document; looking
+    /// after no live document matched; replacing a tombstone for an upsert; inserting for an
+    /// upsert; updating; deleting.
     SrcInsert,
+    SrcInsFind,
+    SrcInsReplaceTombstone,
     SrcReplace,
+    SrcRepFind,
+    SrcRepReplaceTombstone,
     SrcUpsertInsert,
     SrcUpdate,
     SrcDelete,
+    /// Rolling back: the write to the target is done; carrying it to the source.
+    Mirror,
     Finished,
 }
 
@@ -168,6 +204,10 @@ pub struct OperationMachine<D, U> {
     at: At,
     /// Restarts caused by concurrent writers; bounded so a pathological loop surfaces.
     restarts: u32,
+    /// The outcome of an operation whose mirror to the source is in flight.
+    mirrored: Option<Outcome<D>>,
+    /// Whether a delete leaves a tombstone: in every phase but `completed`.
+    tombstones: bool,
 }
 
 /// How many times an operation may start over because a concurrent writer changed the
@@ -194,6 +234,8 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             op,
             at: At::Start,
             restarts: 0,
+            mirrored: None,
+            tombstones: phase != Phase::Completed,
         }
     }
 
@@ -207,6 +249,14 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
     }
 
     fn done(&mut self, outcome: Outcome<D>) -> Result<Next<D, U>, ProtocolError> {
+        // While rolling back, every operation reports only once the target document it acted
+        // on or looked at is mirrored to the source: whatever anyone was told (a write, a
+        // read, a duplicate, a miss) is then in the source too, which is what lets
+        // `revert_switch` read the source alone while late mirrors are still in flight.
+        if self.write == WritePath::TargetMirroredToSource && self.at != At::Mirror {
+            self.mirrored = Some(outcome);
+            return self.go(At::Mirror, Step::MirrorToSource);
+        }
         self.at = At::Finished;
         Ok(Next::Done(outcome))
     }
@@ -351,23 +401,53 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             | (At::DelInsertTombstone, Some(A::Inserted)) => self.done(Outcome::Changed(true)),
             (At::DelReplaceLive, Some(A::Matched(false)))
             | (At::DelInsertTombstone, Some(A::DuplicateKey)) => self.restart(),
+            (At::DelPlain, Some(A::Matched(changed))) => self.done(Outcome::Changed(changed)),
 
-            // Writes to the source layout, before the write switch: plain MongoDB semantics.
+            // Writes to the source layout. Before the write switch these are plain MongoDB
+            // semantics; after a rollback the source may hold tombstones that mirrors left
+            // there, which count as absent and which a re-creation replaces.
             (At::SrcInsert, Some(A::Inserted)) => self.done(Outcome::Inserted),
-            (At::SrcInsert, Some(A::DuplicateKey)) => self.done(Outcome::Duplicate),
+            (At::SrcInsert, Some(A::DuplicateKey)) => self.go(At::SrcInsFind, Step::Find(S)),
+            (At::SrcInsFind, Some(A::Found(Found::Live(_)))) => self.done(Outcome::Duplicate),
+            (At::SrcInsFind, Some(A::Found(Found::Tombstone))) => {
+                let doc = self.app_doc();
+                self.go(At::SrcInsReplaceTombstone, Step::ReplaceTombstone(S, doc))
+            }
+            (At::SrcInsFind, Some(A::Found(Found::Absent))) => self.restart(),
+            (At::SrcInsReplaceTombstone, Some(A::Matched(true))) => self.done(Outcome::Inserted),
             (At::SrcReplace, Some(A::Matched(true))) => self.done(Outcome::Changed(true)),
             (At::SrcReplace, Some(A::Matched(false))) => {
                 if self.upsert() {
-                    let doc = self.app_doc();
-                    self.go(At::SrcUpsertInsert, Step::Insert(S, doc))
+                    self.go(At::SrcRepFind, Step::Find(S))
                 } else {
                     self.done(Outcome::Changed(false))
                 }
             }
-            (At::SrcUpsertInsert, Some(A::Inserted)) => self.done(Outcome::Changed(true)),
-            (At::SrcUpsertInsert, Some(A::DuplicateKey)) => self.restart(),
+            (At::SrcRepFind, Some(A::Found(Found::Live(_)))) => self.restart(),
+            (At::SrcRepFind, Some(A::Found(Found::Tombstone))) => {
+                let doc = self.app_doc();
+                self.go(At::SrcRepReplaceTombstone, Step::ReplaceTombstone(S, doc))
+            }
+            (At::SrcRepFind, Some(A::Found(Found::Absent))) => {
+                let doc = self.app_doc();
+                self.go(At::SrcUpsertInsert, Step::Insert(S, doc))
+            }
+            (At::SrcUpsertInsert, Some(A::Inserted))
+            | (At::SrcRepReplaceTombstone, Some(A::Matched(true))) => {
+                self.done(Outcome::Changed(true))
+            }
+            (At::SrcUpsertInsert, Some(A::DuplicateKey))
+            | (At::SrcInsReplaceTombstone, Some(A::Matched(false)))
+            | (At::SrcRepReplaceTombstone, Some(A::Matched(false))) => self.restart(),
             (At::SrcUpdate, Some(A::Matched(changed)))
             | (At::SrcDelete, Some(A::Matched(changed))) => self.done(Outcome::Changed(changed)),
+
+            // Rolling back: the mirror landed or was superseded by a newer one; either way the
+            // source now holds this write or a later one.
+            (At::Mirror, Some(A::Matched(_))) => match self.mirrored.take() {
+                Some(outcome) => self.done(outcome),
+                None => Err(unexpected(&self.at, &Some(A::Matched(false)))),
+            },
 
             (at, answer) => Err(unexpected(at, &answer)),
         }
@@ -392,10 +472,11 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                     self.go(At::SrcReplace, Step::ReplaceLive(S, Payload::App(doc)))
                 }
                 Operation::Update(u) => self.go(At::SrcUpdate, Step::UpdateLive(S, u)),
-                Operation::Delete => self.go(At::SrcDelete, Step::Delete(S)),
+                // Only a live document: a tombstone left by a rollback's mirror is absent.
+                Operation::Delete => self.go(At::SrcDelete, Step::DeleteLive(S)),
             },
-            // Rolling back mirrors writes to the source; the mirror is the reverting
-            // module's concern, the target-side decisions are the same.
+            // Rolling back takes the same decisions in the target, then mirrors the write to
+            // the source (see `done`).
             WritePath::Target | WritePath::TargetMirroredToSource => match self.op.clone() {
                 Operation::Get => unreachable_get(),
                 Operation::Insert(_) => self.go(At::InsFindTarget, Step::Find(T)),
@@ -403,6 +484,9 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                     self.go(At::RepLive, Step::ReplaceLive(T, Payload::App(doc)))
                 }
                 Operation::Update(u) => self.go(At::UpdLive, Step::UpdateLive(T, u)),
+                // Once completed, nothing can copy the id back from the source, so a delete
+                // leaves no tombstone behind for the purge to chase.
+                Operation::Delete if !self.tombstones => self.go(At::DelPlain, Step::DeleteLive(T)),
                 Operation::Delete => self.go(At::DelFindTarget, Step::Find(T)),
             },
         }
@@ -464,6 +548,34 @@ pub fn copy_result<D>(answer: &Answer<D>) -> Option<CopyResult> {
     }
 }
 
+/// Cleanup's first step for a source id: look it up in the target.
+pub fn cleanup_lookup_step<D, U>() -> Step<D, U> {
+    Step::Find(Side::Target)
+}
+
+/// Cleanup's deletion of a source document, once [`cleanup_decision`] allowed it.
+pub fn cleanup_delete_step<D, U>() -> Step<D, U> {
+    Step::Delete(Side::Source)
+}
+
+/// The tombstone purge that follows cleanup (target side) or a rollback (source side). Run
+/// only once nothing can copy or mirror an older version of the id any more and nothing
+/// writes tombstones: on the target side once every router acknowledged `completed` (routers
+/// in `cleanup` still tombstone, cleanup's presence check needs it); on the source side in
+/// `rolled_back` (every mirror drained in `revert_switch`).
+pub fn purge_tombstone_step<D, U>(side: Side) -> Step<D, U> {
+    Step::DeleteTombstone(side)
+}
+
+/// The revert copier's one step per target id: carry the target document back to the source
+/// by revision. It must start only once every live router acknowledged `reverting` (a router
+/// still in an earlier epoch writes the target without mirroring, and the copier may have
+/// passed that id already); from then on routers mirror their own writes, and the copier
+/// carries back everything written before.
+pub fn revert_copy_step<D, U>() -> Step<D, U> {
+    Step::MirrorToSource
+}
+
 /// What cleanup may do with a source document once it looked the id up in the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CleanupDecision {
@@ -477,5 +589,173 @@ pub fn cleanup_decision<D>(target: &Found<D>) -> CleanupDecision {
     match target {
         Found::Live(_) | Found::Tombstone => CleanupDecision::DeleteSource,
         Found::Absent => CleanupDecision::Missing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Side::{Source as S, Target as T};
+
+    type Script<'a> = &'a [(Step<&'static str, &'static str>, Answer<&'static str>)];
+
+    /// Runs `op` in `phase`, checking that it asks for each scripted step in turn and feeding
+    /// it the scripted answer; returns the outcome.
+    fn run(
+        phase: Phase,
+        op: Operation<&'static str, &'static str>,
+        script: Script,
+    ) -> Outcome<&'static str> {
+        let mut machine = OperationMachine::new(phase, op);
+        let mut next = machine.next(None).unwrap();
+        for (i, (step, answer)) in script.iter().enumerate() {
+            match next {
+                Next::Do(asked) => assert_eq!(&asked, step, "step {i} in {phase}"),
+                Next::Done(outcome) => panic!("done with {outcome:?} before step {i}"),
+            }
+            next = machine.next(Some(answer.clone())).unwrap();
+        }
+        match next {
+            Next::Done(outcome) => outcome,
+            Next::Do(step) => panic!("asked for {step:?} after the script"),
+        }
+    }
+
+    #[test]
+    fn reverting_mirrors_before_reporting_whatever_the_answer() {
+        let cases: &[(Operation<_, _>, Script, Outcome<_>)] = &[
+            (
+                Operation::Update("u"),
+                &[
+                    (Step::UpdateLive(T, "u"), Answer::Matched(true)),
+                    (Step::MirrorToSource, Answer::Matched(false)),
+                ],
+                Outcome::Changed(true),
+            ),
+            (
+                Operation::Get,
+                &[
+                    (Step::Find(T), Answer::Found(Found::Live("d"))),
+                    (Step::MirrorToSource, Answer::Matched(true)),
+                ],
+                Outcome::Read(Some("d")),
+            ),
+            (
+                Operation::Insert("d"),
+                &[
+                    (Step::Find(T), Answer::Found(Found::Live("e"))),
+                    (Step::MirrorToSource, Answer::Matched(true)),
+                ],
+                Outcome::Duplicate,
+            ),
+            (
+                Operation::Delete,
+                &[
+                    (Step::Find(T), Answer::Found(Found::Live("e"))),
+                    (
+                        Step::ReplaceLive(T, Payload::Tombstone),
+                        Answer::Matched(true),
+                    ),
+                    (Step::MirrorToSource, Answer::Matched(true)),
+                ],
+                Outcome::Changed(true),
+            ),
+        ];
+        for (op, script, outcome) in cases {
+            assert_eq!(
+                run(Phase::Reverting, op.clone(), script),
+                *outcome,
+                "{op:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn after_a_rollback_source_tombstones_count_as_absent() {
+        let cases: &[(Phase, Operation<_, _>, Script, Outcome<_>)] = &[
+            (
+                Phase::RolledBack,
+                Operation::Insert("d"),
+                &[
+                    (Step::Insert(S, Payload::App("d")), Answer::DuplicateKey),
+                    (Step::Find(S), Answer::Found(Found::Tombstone)),
+                    (
+                        Step::ReplaceTombstone(S, Payload::App("d")),
+                        Answer::Matched(true),
+                    ),
+                ],
+                Outcome::Inserted,
+            ),
+            (
+                Phase::RolledBack,
+                Operation::Insert("d"),
+                &[
+                    (Step::Insert(S, Payload::App("d")), Answer::DuplicateKey),
+                    (Step::Find(S), Answer::Found(Found::Live("e"))),
+                ],
+                Outcome::Duplicate,
+            ),
+            (
+                Phase::RolledBack,
+                Operation::Replace {
+                    doc: "d",
+                    upsert: true,
+                },
+                &[
+                    (
+                        Step::ReplaceLive(S, Payload::App("d")),
+                        Answer::Matched(false),
+                    ),
+                    (Step::Find(S), Answer::Found(Found::Tombstone)),
+                    (
+                        Step::ReplaceTombstone(S, Payload::App("d")),
+                        Answer::Matched(true),
+                    ),
+                ],
+                Outcome::Changed(true),
+            ),
+            (
+                Phase::RolledBack,
+                Operation::Delete,
+                &[(Step::DeleteLive(S), Answer::Matched(false))],
+                Outcome::Changed(false),
+            ),
+            (
+                Phase::RevertSwitch,
+                Operation::Get,
+                &[(Step::Find(S), Answer::Found(Found::Tombstone))],
+                Outcome::Read(None),
+            ),
+        ];
+        for (phase, op, script, outcome) in cases {
+            assert_eq!(run(*phase, op.clone(), script), *outcome, "{phase} {op:?}");
+        }
+    }
+
+    #[test]
+    fn a_completed_migration_deletes_without_a_tombstone() {
+        let script: Script = &[(Step::DeleteLive(T), Answer::Matched(true))];
+        assert_eq!(
+            run(Phase::Completed, Operation::Delete, script),
+            Outcome::Changed(true)
+        );
+        let script: Script = &[
+            (Step::Find(T), Answer::Found(Found::Live("d"))),
+            (
+                Step::ReplaceLive(T, Payload::Tombstone),
+                Answer::Matched(true),
+            ),
+        ];
+        assert_eq!(
+            run(Phase::Cleanup, Operation::Delete, script),
+            Outcome::Changed(true)
+        );
+    }
+
+    #[test]
+    fn writes_are_held_in_both_switches() {
+        for phase in [Phase::WriteSwitch, Phase::RevertSwitch] {
+            assert_eq!(run(phase, Operation::Delete, &[]), Outcome::Held, "{phase}");
+        }
     }
 }

@@ -84,6 +84,9 @@ async fn execute(
     if let Some(hook) = &inner.config.step_hook {
         hook(step_event(&step, side)).await;
     }
+    if let Step::MirrorToSource = step {
+        return mirror_to_source(inner, snapshot, keys, wc).await;
+    }
     let v = version(snapshot, side);
     let located = v.locate(keys.tenant_key, keys.id_key)?;
     let by_id = doc! { "_id": keys.id.clone() };
@@ -147,7 +150,65 @@ async fn execute(
             let r = coll.delete_one(by_id).write_concern(wc).await?;
             Answer::Matched(r.deleted_count == 1)
         }
+        Step::DeleteLive(_) => {
+            let r = coll.delete_one(live).write_concern(wc).await?;
+            Answer::Matched(r.deleted_count == 1)
+        }
+        Step::DeleteTombstone(_) => {
+            let r = coll.delete_one(tombstone).write_concern(wc).await?;
+            Answer::Matched(r.deleted_count == 1)
+        }
+        Step::MirrorToSource => unreachable!("handled above"),
     })
+}
+
+/// Carries the target's image of the id to the source unless the source already holds an equal
+/// or newer revision (see [`Step::MirrorToSource`]).
+async fn mirror_to_source(
+    inner: &Inner,
+    snapshot: &Snapshot,
+    keys: &Keys<'_>,
+    wc: mongodb::options::WriteConcern,
+) -> Result<Answer<Document>, RouterError> {
+    let target = snapshot.target.locate(keys.tenant_key, keys.id_key)?;
+    let by_id = doc! { "_id": keys.id.clone() };
+    let mut image = None;
+    for location in &target.locations {
+        if let Some(found) = collection(inner, location)?.find_one(by_id.clone()).await? {
+            image = Some(found);
+            break;
+        }
+    }
+    let Some(image) = image else {
+        return Ok(Answer::Matched(false));
+    };
+    let rev = revision(&image);
+    let source = snapshot.source.locate(keys.tenant_key, keys.id_key)?;
+    // The image takes the source layout's routing field, not the target's.
+    let mut image = image;
+    if let Some(field) = snapshot.target.routing_field() {
+        image.remove(field);
+    }
+    if let Some(field) = snapshot.source.routing_field() {
+        image.insert(field, source.sub_bucket as i32);
+    }
+    let filter = doc! {
+        "_id": keys.id.clone(),
+        format!("{META}.rev"): { "$not": { "$gte": rev } },
+    };
+    let coll = collection(inner, &source.locations[0])?;
+    match coll
+        .replace_one(filter, image)
+        .upsert(true)
+        .write_concern(wc)
+        .await
+    {
+        Ok(r) => Ok(Answer::Matched(
+            r.matched_count == 1 || r.upserted_id.is_some(),
+        )),
+        Err(e) if is_duplicate_key(&e) => Ok(Answer::Matched(false)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Replaces the document matching `filter` by `make(previous revision + 1)`, as one atomic
@@ -207,6 +268,9 @@ fn step_event<D, U>(step: &Step<D, U>, side: Side) -> super::StepEvent {
         Step::ReplaceTombstone(_, p) => ("replace_tombstone", Some(payload_name(p))),
         Step::UpdateLive(_, _) => ("update_live", None),
         Step::Delete(_) => ("delete", None),
+        Step::DeleteLive(_) => ("delete_live", None),
+        Step::DeleteTombstone(_) => ("delete_tombstone", None),
+        Step::MirrorToSource => ("mirror_to_source", None),
     };
     super::StepEvent {
         step,
@@ -222,7 +286,10 @@ fn step_side<D, U>(step: &Step<D, U>) -> Side {
         | Step::ReplaceLive(s, _)
         | Step::ReplaceTombstone(s, _)
         | Step::UpdateLive(s, _)
-        | Step::Delete(s) => *s,
+        | Step::Delete(s)
+        | Step::DeleteLive(s)
+        | Step::DeleteTombstone(s) => *s,
+        Step::MirrorToSource => Side::Source,
     }
 }
 
