@@ -4,15 +4,14 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Document};
 use reshard::routing::KeyValue;
-use reshard::store::Store;
-use support::{heavy_tests_enabled, MongoServer, PgDb};
+use support::{heavy_tests_enabled, PgDb, World};
 
 fn example_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -31,40 +30,11 @@ fn reshard(db: &PgDb, args: &[&str]) -> std::process::Output {
 #[tokio::test]
 async fn the_example_app_loses_nothing_through_the_phases_and_a_backfill() {
     let seconds: u64 = if heavy_tests_enabled() { 30 } else { 12 };
-    let db = PgDb::fresh().await;
-    let server = MongoServer::start().await;
-    let store = Store::connect_unchecked(&db.url()).await.unwrap();
-    store.migrate().await.unwrap();
-    let client = server.client().await;
-    let base = MongoServer::database_name();
-    let mut shards = std::collections::HashMap::new();
-    for name in ["s1", "s2", "s3", "s4"] {
-        let database = format!("{base}_{name}");
-        store
-            .add_shard(name, &server.uri(), &database)
-            .await
-            .unwrap();
-        shards.insert(name.to_owned(), client.database(&database));
-    }
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/versions");
-    let mut versions = Vec::new();
-    for file in ["orders_v1.yaml", "orders_v2.yaml"] {
-        let text = std::fs::read_to_string(fixtures.join(file)).unwrap();
-        let v = reshard::spec::parse_version_spec(file, &text, "orders").unwrap();
-        versions.push(
-            store
-                .insert_version(&v, &text, "test")
-                .await
-                .unwrap()
-                .version,
-        );
-    }
-    let (v1, v2) = (versions[0].clone(), versions[1].clone());
-    let migration = store
-        .create_migration("orders", 1, 2, "test")
-        .await
-        .unwrap();
-    let id = migration.id.to_string();
+    let world = World::start().await;
+    let (db, store, shards) = (&world.db, world.store.clone(), world.shards.clone());
+    let (v1, v2) = (world.v1.clone(), world.v2.clone());
+    let migration = world.migration;
+    let id = migration.to_string();
 
     // Orders that exist before the migration, where version 1 puts them.
     let mut seeded = Vec::new();
@@ -110,7 +80,7 @@ async fn the_example_app_loses_nothing_through_the_phases_and_a_backfill() {
     let pause = Duration::from_secs(seconds / 6);
     tokio::time::sleep(pause).await;
     for phase in ["dual_read", "write_switch", "backfill"] {
-        let out = reshard(&db, &["migration", "advance", &id, "--to", phase]);
+        let out = reshard(db, &["migration", "advance", &id, "--to", phase]);
         assert!(
             out.status.success(),
             "advance to {phase}: {}",

@@ -3,81 +3,23 @@
 
 mod support;
 
-use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::Database;
 use reshard::phase::{Action, Phase};
 use reshard::protocol::Side;
 use reshard::router::{Router, RouterConfig, RouterError, StepEvent, StepHook};
 use reshard::routing::{KeyValue, RoutingVersion};
-use reshard::store::Store;
-use support::{MongoServer, PgDb};
+use support::World;
 
 const HOT: &str = "cust-hot";
 
-/// A state store with shards s1..s4 (databases on one real server), orders v1 -> v2 and a
-/// planned migration.
-struct World {
-    db: PgDb,
-    _server: MongoServer,
-    store: Store,
-    migration: i64,
-    shards: HashMap<String, Database>,
-    v1: RoutingVersion,
-    v2: RoutingVersion,
-}
-
 async fn world() -> World {
-    let db = PgDb::fresh().await;
-    let server = MongoServer::start().await;
-    let store = Store::connect_unchecked(&db.url()).await.unwrap();
-    store.migrate().await.unwrap();
-    let client = server.client().await;
-    let base = MongoServer::database_name();
-    let mut shards = HashMap::new();
-    for name in ["s1", "s2", "s3", "s4"] {
-        let database = format!("{base}_{name}");
-        store
-            .add_shard(name, &server.uri(), &database)
-            .await
-            .unwrap();
-        shards.insert(name.to_owned(), client.database(&database));
-    }
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/versions");
-    let mut versions = Vec::new();
-    for file in ["orders_v1.yaml", "orders_v2.yaml"] {
-        let text = std::fs::read_to_string(fixtures.join(file)).unwrap();
-        let v = reshard::spec::parse_version_spec(file, &text, "orders").unwrap();
-        versions.push(
-            store
-                .insert_version(&v, &text, "test")
-                .await
-                .unwrap()
-                .version,
-        );
-    }
-    let migration = store
-        .create_migration("orders", 1, 2, "test")
-        .await
-        .unwrap()
-        .id;
-    let v2 = versions.pop().unwrap();
-    let v1 = versions.pop().unwrap();
-    World {
-        db,
-        _server: server,
-        store,
-        migration,
-        shards,
-        v1,
-        v2,
-    }
+    World::start().await
 }
 
 fn config(name: &str) -> RouterConfig {

@@ -68,8 +68,13 @@ fn version(snapshot: &Snapshot, side: Side) -> &RoutingVersion {
     }
 }
 
-fn collection(inner: &Inner, location: &Location) -> Result<Collection<Document>, RouterError> {
-    super::exec_collection(inner, location)
+/// The collection at `location`, through the shard's database handle.
+pub fn collection(inner: &Inner, location: &Location) -> Result<Collection<Document>, RouterError> {
+    inner
+        .shards
+        .get(&location.shard)
+        .map(|db| db.collection::<Document>(&location.collection))
+        .ok_or_else(|| RouterError::UnknownShard(location.shard.clone()))
 }
 
 async fn execute(

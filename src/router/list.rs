@@ -96,7 +96,7 @@ pub async fn list_tenant(
         .map(|(side, location)| {
             let filter = filter.clone();
             async move {
-                let coll = super::exec_collection(inner, &location)?;
+                let coll = super::exec::collection(inner, &location)?;
                 let location_kept = location.clone();
                 let cursor = coll
                     .find(filter)

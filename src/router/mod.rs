@@ -471,17 +471,6 @@ impl Router {
     }
 }
 
-fn exec_collection(
-    inner: &Inner,
-    location: &crate::routing::Location,
-) -> Result<mongodb::Collection<Document>, RouterError> {
-    inner
-        .shards
-        .get(&location.shard)
-        .map(|db| db.collection::<Document>(&location.collection))
-        .ok_or_else(|| RouterError::UnknownShard(location.shard.clone()))
-}
-
 fn changed(outcome: Outcome<Document>, op: &str) -> Result<bool, RouterError> {
     match outcome {
         Outcome::Changed(changed) => Ok(changed),

@@ -1,0 +1,71 @@
+//! A prepared migration world for router-level tests: a fresh state store with shards s1..s4
+//! (databases on one real server), orders versions 1 and 2 from `tests/fixtures/versions`, and
+//! a planned migration from 1 to 2.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mongodb::Database;
+use reshard::routing::RoutingVersion;
+use reshard::store::Store;
+
+use super::{MongoServer, PgDb};
+
+pub struct World {
+    pub db: PgDb,
+    pub server: MongoServer,
+    pub store: Store,
+    pub migration: i64,
+    pub shards: HashMap<String, Database>,
+    pub v1: RoutingVersion,
+    pub v2: RoutingVersion,
+}
+
+impl World {
+    pub async fn start() -> World {
+        let db = PgDb::fresh().await;
+        let server = MongoServer::start().await;
+        let store = Store::connect_unchecked(&db.url()).await.unwrap();
+        store.migrate().await.unwrap();
+        let client = server.client().await;
+        let base = MongoServer::database_name();
+        let mut shards = HashMap::new();
+        for name in ["s1", "s2", "s3", "s4"] {
+            let database = format!("{base}_{name}");
+            store
+                .add_shard(name, &server.uri(), &database)
+                .await
+                .unwrap();
+            shards.insert(name.to_owned(), client.database(&database));
+        }
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/versions");
+        let mut versions = Vec::new();
+        for file in ["orders_v1.yaml", "orders_v2.yaml"] {
+            let text = std::fs::read_to_string(fixtures.join(file)).unwrap();
+            let v = reshard::spec::parse_version_spec(file, &text, "orders").unwrap();
+            versions.push(
+                store
+                    .insert_version(&v, &text, "test")
+                    .await
+                    .unwrap()
+                    .version,
+            );
+        }
+        let migration = store
+            .create_migration("orders", 1, 2, "test")
+            .await
+            .unwrap()
+            .id;
+        let v2 = versions.pop().unwrap();
+        let v1 = versions.pop().unwrap();
+        World {
+            db,
+            server,
+            store,
+            migration,
+            shards,
+            v1,
+            v2,
+        }
+    }
+}
