@@ -213,6 +213,20 @@ where
     (hook, flag)
 }
 
+/// A hook that runs the backfill's copy of `oid` once, just before the router inserts a
+/// `payload` (`copy` or `tombstone`) into the target.
+fn copy_before_insert_of(
+    w: &Arc<World>,
+    oid: &str,
+    payload: &'static str,
+) -> (StepHook, Arc<AtomicBool>) {
+    let (w, oid) = (w.clone(), oid.to_owned());
+    before_once("insert", Side::Target, Some(payload), move || {
+        let (w, oid) = (w.clone(), oid.clone());
+        async move { w.copy(HOT, &oid).await }.boxed()
+    })
+}
+
 fn total(doc: &Option<Document>) -> Option<i32> {
     doc.as_ref().map(|d| d.get_i32("total").unwrap())
 }
@@ -223,14 +237,7 @@ async fn an_update_racing_the_backfill_copy_keeps_the_update() {
     let oid = w.moving_id("o");
     w.seed(HOT, &oid, 1).await;
     let mut cfg = config("api");
-    let copier = w.clone();
-    let (hook, fired) = before_once("insert", Side::Target, Some("copy"), {
-        let oid = oid.clone();
-        move || {
-            let (w, oid) = (copier.clone(), oid.clone());
-            async move { w.copy(HOT, &oid).await }.boxed()
-        }
-    });
+    let (hook, fired) = copy_before_insert_of(&w, &oid, "copy");
     cfg.step_hook = Some(hook);
     let router = w.router(cfg).await;
     w.to_backfill(&[&router]).await;
@@ -284,14 +291,7 @@ async fn a_delete_racing_the_backfill_copy_is_never_resurrected() {
     let oid = w.moving_id("o");
     w.seed(HOT, &oid, 1).await;
     let mut cfg = config("api");
-    let copier = w.clone();
-    let (hook, fired) = before_once("insert", Side::Target, Some("tombstone"), {
-        let oid = oid.clone();
-        move || {
-            let (w, oid) = (copier.clone(), oid.clone());
-            async move { w.copy(HOT, &oid).await }.boxed()
-        }
-    });
+    let (hook, fired) = copy_before_insert_of(&w, &oid, "tombstone");
     cfg.step_hook = Some(hook);
     let router = w.router(cfg).await;
     w.to_backfill(&[&router]).await;

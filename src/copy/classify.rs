@@ -286,6 +286,17 @@ fn as_u64(value: &Bson) -> Option<u64> {
 /// the failure every statement of that command gets: a command error keeps its code, name,
 /// labels and the reply's `errInfo`; an I/O error, a cleared pool or a failed server selection
 /// is a network failure; anything else is a client failure.
+/// A driver-reported write concern error as a failure of the statements it covers.
+fn write_concern_failure(w: &mongodb::error::WriteConcernError, labels: &[String]) -> WriteFailure {
+    let mut f = WriteFailure::new(FailureOrigin::WriteConcern, Some(w.code), &w.message);
+    if !w.code_name.is_empty() {
+        f.code_name = Some(w.code_name.clone());
+    }
+    f.info = w.details.clone();
+    f.labels = labels.to_vec();
+    f
+}
+
 pub fn failure_from_error(error: &mongodb::error::Error) -> WriteFailure {
     let labels: Vec<String> = {
         let mut labels: Vec<String> = error.labels().iter().cloned().collect();
@@ -358,16 +369,10 @@ pub fn failures_from_driver_error(
                     (w.index, f)
                 })
                 .collect();
-            rest = im.write_concern_error.as_ref().map(|w| {
-                let mut f =
-                    WriteFailure::new(FailureOrigin::WriteConcern, Some(w.code), &w.message);
-                if !w.code_name.is_empty() {
-                    f.code_name = Some(w.code_name.clone());
-                }
-                f.info = w.details.clone();
-                f.labels = labels.clone();
-                f
-            });
+            rest = im
+                .write_concern_error
+                .as_ref()
+                .map(|w| write_concern_failure(w, &labels));
         }
         ErrorKind::BulkWrite(bw) => {
             indexed = bw
@@ -385,16 +390,7 @@ pub fn failures_from_driver_error(
                 .collect();
             rest = match (source_error(error), bw.write_concern_errors.first()) {
                 (Some(top), _) => Some(failure_from_error(top)),
-                (None, Some(w)) => {
-                    let mut f =
-                        WriteFailure::new(FailureOrigin::WriteConcern, Some(w.code), &w.message);
-                    if !w.code_name.is_empty() {
-                        f.code_name = Some(w.code_name.clone());
-                    }
-                    f.info = w.details.clone();
-                    f.labels = labels.clone();
-                    Some(f)
-                }
+                (None, Some(w)) => Some(write_concern_failure(w, &labels)),
                 (None, None) => None,
             };
         }

@@ -538,14 +538,24 @@ impl Inner {
 
     /// Loads the state and, when the epoch changed, drains and switches.
     async fn refresh(&self) -> bool {
-        let fresh = match Snapshot::load(&self.store, &self.collection).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(router = %self.config.name, error = %e, "cannot load the migration state");
-                return false;
-            }
+        let warn = |e: StoreError| {
+            tracing::warn!(router = %self.config.name, error = %e, "cannot load the migration state");
+            false
+        };
+        // Polls are frequent: read the migration row alone, and the versions only on a change.
+        let active = match self.store.active_migration(&self.collection).await {
+            Ok(m) => m,
+            Err(e) => return warn(e),
         };
         let current = self.snapshot.read().await.clone();
+        let key = (active.as_ref().map(|m| m.id), active.map_or(0, |m| m.epoch));
+        if key == (current.migration_id, current.epoch) {
+            return false;
+        }
+        let fresh = match Snapshot::load(&self.store, &self.collection).await {
+            Ok(s) => s,
+            Err(e) => return warn(e),
+        };
         if current.same_epoch(&fresh) {
             return false;
         }
