@@ -78,6 +78,93 @@ pub enum Command {
     /// Routers embedded in applications.
     #[command(subcommand)]
     Routers(RoutersCommand),
+    /// Run backfill work: claim partitions under leases and copy them. Run any number, anywhere.
+    Worker(WorkerArgs),
+    /// A migration's throttle: rate, batch size, in-flight bound (workers apply changes within 2 s).
+    #[command(subcommand)]
+    Throttle(ThrottleCommand),
+    /// Documents a backfill could not write.
+    #[command(subcommand)]
+    Deadletter(DeadletterCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Work only on this migration (default: every migration in backfill).
+    #[arg(long)]
+    pub migration: Option<i64>,
+    /// Partitions worked on at once.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
+    /// Exit once the backfill is done instead of waiting for more work.
+    #[arg(long)]
+    pub exit_when_done: bool,
+    /// Seconds a lease lasts without a heartbeat; another worker takes over after that.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub lease_ttl_secs: u64,
+    /// The worker's name in leases and status (default: host:pid).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ThrottleCommand {
+    /// The configured settings, and what each live worker applies.
+    Show(MigrationId),
+    /// Change settings; running workers apply them within 2 seconds.
+    Set {
+        id: i64,
+        /// Documents per second across all workers.
+        #[arg(long)]
+        max_docs_per_sec: Option<f64>,
+        /// Write commands in flight per target shard, per worker (1 to 64).
+        #[arg(long)]
+        max_in_flight_per_shard: Option<usize>,
+        /// Documents per batch (1 to 100000).
+        #[arg(long)]
+        batch_size: Option<usize>,
+        /// A batch slower than this (milliseconds) halves the applied rate.
+        #[arg(long)]
+        target_batch_latency_ms: Option<u64>,
+        /// Overload lasting this long (seconds) is logged as a capacity signal.
+        #[arg(long)]
+        capacity_signal_after_secs: Option<u64>,
+        /// Partition size the planner aims at (used when the backfill is planned).
+        #[arg(long)]
+        documents_per_partition: Option<u64>,
+        /// Why, for the event log.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadletterCommand {
+    /// Dead letters of a migration (open ones unless --all).
+    List {
+        id: i64,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Read the documents again from the source and write them again.
+    Retry {
+        id: i64,
+        /// Every open dead letter.
+        #[arg(long, conflicts_with = "doc_id", required_unless_present = "doc_id")]
+        all: bool,
+        /// The `_id` as `deadletter list` shows it.
+        #[arg(long = "id", value_name = "ID")]
+        doc_id: Option<String>,
+    },
+    /// Accept that a document will not be copied; the reason goes to the event log.
+    Skip {
+        id: i64,
+        /// The `_id` as `deadletter list` shows it.
+        #[arg(long = "id", value_name = "ID")]
+        doc_id: String,
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -200,6 +287,16 @@ pub enum MigrationCommand {
     },
     /// The migration's event log.
     History(MigrationId),
+    /// Progress: phase, per-shard and per-partition counters, docs/s, ETA, rates, workers.
+    Status {
+        id: i64,
+        /// Keep redrawing progress bars until the backfill ends (Ctrl-C to stop).
+        #[arg(long)]
+        watch: bool,
+        /// Also list every partition.
+        #[arg(long)]
+        partitions: bool,
+    },
 }
 
 #[derive(Debug, Args)]

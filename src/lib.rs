@@ -4,6 +4,7 @@
 //! nothing of Postgres, MongoDB or the terminal; [`store`] holds every SQL statement; the
 //! [`commands`] module is the command line's one entry point, [`run`].
 
+pub mod backfill;
 pub mod cli;
 mod commands;
 pub mod copy;
@@ -13,10 +14,12 @@ mod logging;
 pub mod mongo;
 pub mod output;
 pub mod phase;
+pub mod prepare;
 pub mod protocol;
 pub mod redact;
 pub mod router;
 pub mod routing;
+pub mod settings;
 pub mod spec;
 pub mod store;
 pub mod throttle;

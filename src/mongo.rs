@@ -23,11 +23,24 @@ pub enum ShardConnectError {
 
 /// A client for `uri`, with timeouts short enough that a dead shard is reported, not waited on.
 pub async fn client(uri: &str) -> Result<Client, ShardConnectError> {
+    connect(uri, false).await
+}
+
+/// A client for the code that writes in bulk: the driver does not retry writes itself, so the
+/// bulk writer sees every failure (overload included) and owns the retries.
+pub async fn writer_client(uri: &str) -> Result<Client, ShardConnectError> {
+    connect(uri, true).await
+}
+
+async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectError> {
     let bad = |e: mongodb::error::Error| ShardConnectError::BadUri {
         uri: Redacted::new(uri),
         reason: redact_uri(&e.to_string()),
     };
     let mut options = ClientOptions::parse(uri).await.map_err(bad)?;
+    if bulk_writer {
+        crate::copy::writer::disable_driver_write_retries(&mut options);
+    }
     options.app_name.get_or_insert_with(|| "reshard".to_owned());
     options
         .server_selection_timeout

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use mongodb::bson::{doc, Document};
 use reshard::routing::KeyValue;
 use support::{heavy_tests_enabled, PgDb, World};
@@ -32,7 +31,7 @@ async fn the_example_app_loses_nothing_through_the_phases_and_a_backfill() {
     let seconds: u64 = if heavy_tests_enabled() { 30 } else { 12 };
     let world = World::start().await;
     let (db, store, shards) = (&world.db, world.store.clone(), world.shards.clone());
-    let (v1, v2) = (world.v1.clone(), world.v2.clone());
+    let v1 = world.v1.clone();
     let migration = world.migration;
     let id = migration.to_string();
 
@@ -88,40 +87,39 @@ async fn the_example_app_loses_nothing_through_the_phases_and_a_backfill() {
         );
         tokio::time::sleep(pause).await;
     }
-    // The backfill's write for every old document: insert-if-absent of a pristine copy.
-    let mut copied = 0;
-    for (shard, coll) in v1
-        .locations()
-        .into_iter()
-        .map(|l| (l.shard.clone(), l.collection))
-    {
-        let source = shards[&shard].collection::<Document>(&coll);
-        let docs: Vec<Document> = source
-            .find(doc! {})
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
-        for mut d in docs {
-            let tenant = KeyValue::from_bson(d.get("customerId").unwrap()).unwrap();
-            let oid = KeyValue::from_bson(d.get("_id").unwrap()).unwrap();
-            let located = v2.locate(&tenant, &oid).unwrap();
-            let l = &located.locations[0];
-            d.insert("bucket", located.sub_bucket as i32);
-            d.insert("_reshard", doc! { "src": "copy", "epoch": 0 });
-            match shards[&l.shard]
-                .collection::<Document>(&l.collection)
-                .insert_one(d)
-                .await
-            {
-                Ok(_) => copied += 1,
-                Err(e) if reshard::router::is_duplicate_key(&e) => {}
-                Err(e) => panic!("copy failed: {e}"),
-            }
-        }
-    }
-    assert!(copied > 0);
+    // The backfill: a real worker plans, copies and checkpoints while the app keeps writing.
+    let worker = reshard(
+        db,
+        &[
+            "worker",
+            "--migration",
+            &id,
+            "--exit-when-done",
+            "--lease-ttl-secs",
+            "5",
+        ],
+    );
+    assert!(
+        worker.status.success(),
+        "worker: {}",
+        String::from_utf8_lossy(&worker.stderr)
+    );
+    let totals = store.task_totals(migration, "backfill").await.unwrap();
+    assert!(
+        totals.partitions > 0 && totals.done == totals.partitions,
+        "{totals:?}"
+    );
+    assert!(totals.inserted > 0, "{totals:?}");
+    assert_eq!(
+        totals.scanned,
+        totals.inserted + totals.already_present + totals.stamped + totals.dead_lettered
+    );
+    let out = reshard(db, &["migration", "advance", &id, "--to", "reconcile"]);
+    assert!(
+        out.status.success(),
+        "the backfill gate must open: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let out = tokio::task::spawn_blocking(move || app.wait_with_output().unwrap())
         .await

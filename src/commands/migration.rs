@@ -77,6 +77,10 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             timeout,
             switch_timeout,
         } => {
+            let current = ctx.store.migration(id).await?;
+            if current.phase() == Phase::Planned && to == Phase::DualRead {
+                prepare(ctx, &current, dry_run).await?;
+            }
             let t = ctx
                 .store
                 .transition(
@@ -117,6 +121,11 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                 .await?;
             report(ctx, &t, false)
         }
+        MigrationCommand::Status {
+            id,
+            watch,
+            partitions,
+        } => super::status::run(ctx, id, watch, partitions).await,
         MigrationCommand::History(id) => {
             let events = ctx.store.events(id.id).await?;
             output::emit(ctx.output, &events, || {
@@ -169,6 +178,34 @@ fn show(m: &Migration) {
             output::or_dash(m.finished_at.map(|t| t.to_rfc3339())),
         ),
     ]);
+}
+
+/// Creates the target collections and indexes before routers start reading the target.
+async fn prepare(ctx: &Ctx, m: &Migration, dry_run: bool) -> Result<()> {
+    let from = ctx
+        .store
+        .version(&m.collection, Some(m.from_version))
+        .await?
+        .version;
+    let to = ctx
+        .store
+        .version(&m.collection, Some(m.to_version))
+        .await?
+        .version;
+    let mut shards = std::collections::BTreeMap::new();
+    for shard in ctx.store.shards().await? {
+        let client = crate::mongo::client(shard.uri.expose())
+            .await
+            .map_err(|e| Error::bad_input(e.to_string()))?;
+        shards.insert(shard.name.clone(), client.database(&shard.database));
+    }
+    let done = crate::prepare::prepare(&from, &to, &shards, dry_run)
+        .await
+        .map_err(|e| Error::failed(crate::redact::redact_uri(&e.to_string())))?;
+    for p in &done {
+        tracing::info!(location = %p.location, dry_run, "prepare: {}", p.action);
+    }
+    Ok(())
 }
 
 fn report(ctx: &Ctx, t: &Transition, dry_run: bool) -> Result<()> {

@@ -2,11 +2,15 @@
 //! each arm resolves its input and calls into the library.
 
 mod db;
+mod deadletter;
 mod migration;
 mod route;
 mod routers;
 mod shard;
+mod status;
+mod throttle;
 mod version;
+mod worker;
 
 use crate::cli::{Cli, Command, OutputFormat};
 use crate::error::{Error, Result};
@@ -30,6 +34,9 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Migration(cmd) => migration::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Route(cmd) => route::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Routers(cmd) => routers::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Worker(args) => worker::run(&ctx(url, output, actor).await?, args).await,
+        Command::Throttle(cmd) => throttle::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Deadletter(cmd) => deadletter::run(&ctx(url, output, actor).await?, cmd).await,
     }
 }
 

@@ -319,6 +319,22 @@ pub fn strip_metadata(mut doc: Document) -> Document {
     doc
 }
 
+/// The copy of a source document that the backfill (or a copy-on-write) puts in the target:
+/// the source document with the target's routing field and `_reshard: {src: "copy", epoch,
+/// rev: 0}`. Inserted only if absent, so it never overwrites what the application wrote.
+pub fn copy_document(
+    mut doc: Document,
+    version: &RoutingVersion,
+    located: &Located,
+    epoch: i64,
+) -> Document {
+    if let Some(field) = version.routing_field() {
+        doc.insert(field, located.sub_bucket as i32);
+    }
+    doc.insert(META, doc! { "src": "copy", "epoch": epoch, "rev": 0_i64 });
+    doc
+}
+
 fn materialise(
     snapshot: &Snapshot,
     version: &RoutingVersion,

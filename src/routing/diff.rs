@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::ops::Range;
 
-use super::{KeyValue, Layout, RoutingError, RoutingVersion};
+use super::{KeyValue, Layout, Location, RoutingError, RoutingVersion};
 
 /// The result of comparing two routing versions.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,6 +141,86 @@ pub fn diff(from: &RoutingVersion, to: &RoutingVersion) -> VersionDiff {
     }
 }
 
+/// What a backfill has to scan at one source location of `from`.
+///
+/// This refines [`diff`] per location: when the only version-wide change is the placement,
+/// a source location none of whose vbuckets move keeps every document whose tenant keeps its
+/// bucket count, so only the tenants of [`VersionDiff::scope`]'s bucket changes are scanned
+/// there. A location that owns a moved vbucket (or any other version-wide change) is scanned
+/// whole. Stamping is not considered here: see [`VersionDiff::stamp_routing_field`].
+pub fn scope_at(from: &RoutingVersion, to: &RoutingVersion, location: &Location) -> MoveScope {
+    let d = diff(from, to);
+    let (
+        Layout::Hashed {
+            virtual_buckets: from_v,
+            default_buckets: from_default,
+            placement,
+            ..
+        },
+        Layout::Hashed {
+            virtual_buckets: to_v,
+            default_buckets: to_default,
+            ..
+        },
+    ) = (from.layout(), to.layout())
+    else {
+        return d.scope;
+    };
+    let placement_only = from.tenant_key == to.tenant_key
+        && from.id_field == to.id_field
+        && from_v == to_v
+        && from_default == to_default;
+    if !placement_only || d.moved_vbuckets.is_empty() {
+        return d.scope;
+    }
+    let owned = placement
+        .iter()
+        .filter(|range| &from.location_on(&range.shard) == location);
+    for range in owned {
+        if let Some(moved) = d
+            .moved_vbuckets
+            .iter()
+            .find(|m| m.start < range.end && range.start < m.end)
+        {
+            return MoveScope::Everything {
+                reason: format!(
+                    "vbuckets [{}, {}) of {} move to another location",
+                    moved.start.max(range.start),
+                    moved.end.min(range.end),
+                    location
+                ),
+            };
+        }
+    }
+    let mut tenants = BTreeSet::new();
+    if let (
+        Layout::Hashed {
+            tenant_buckets: from_tenants,
+            ..
+        },
+        Layout::Hashed {
+            tenant_buckets: to_tenants,
+            ..
+        },
+    ) = (from.layout(), to.layout())
+    {
+        for tenant in from_tenants
+            .iter()
+            .chain(to_tenants.iter())
+            .map(|entry| &entry.tenant)
+        {
+            if from.buckets_of(tenant) != to.buckets_of(tenant) {
+                tenants.insert(tenant.clone());
+            }
+        }
+    }
+    if tenants.is_empty() {
+        MoveScope::Nothing
+    } else {
+        MoveScope::Tenants(tenants.into_iter().collect())
+    }
+}
+
 /// The vbucket ranges whose location differs between two hashed versions with
 /// the same `V`, merged and sorted. Locations are constant between the range
 /// boundaries of the two placements, so only those segments are compared.
@@ -234,6 +314,41 @@ mod tests {
     }
 
     const TWO_SHARDS: &[(u32, u32, &str)] = &[(0, 512, "s1"), (512, 1024, "s2")];
+
+    #[test]
+    fn a_location_whose_vbuckets_stay_scans_only_changed_tenants() {
+        let three = &[(0, 342, "s1"), (342, 683, "s2"), (683, 1024, "s3")];
+        let four = &[
+            (0, 300, "s1"),
+            (300, 342, "s4"),
+            (342, 683, "s2"),
+            (683, 1024, "s3"),
+        ];
+        let v1 = version(1, &[], three, Some("bucket"));
+        let v2 = version(1, &[("hot", 16)], four, Some("bucket"));
+        assert!(matches!(diff(&v1, &v2).scope, MoveScope::Everything { .. }));
+        let at = |shard: &str| scope_at(&v1, &v2, &v1.location_on(shard));
+        match at("s1") {
+            MoveScope::Everything { reason } => {
+                assert!(reason.contains("[300, 342)"), "{reason}")
+            }
+            other => panic!("s1 gives vbuckets away: {other:?}"),
+        }
+        assert_eq!(at("s2"), MoveScope::Tenants(vec![string("hot")]));
+        assert_eq!(at("s3"), MoveScope::Tenants(vec![string("hot")]));
+        // Without bucket changes, untouched locations move nothing.
+        let v3 = version(1, &[], four, Some("bucket"));
+        assert_eq!(
+            scope_at(&v1, &v3, &v1.location_on("s2")),
+            MoveScope::Nothing
+        );
+        // A version-wide change scans every location.
+        let v4 = version(2, &[], four, Some("bucket"));
+        assert!(matches!(
+            scope_at(&v1, &v4, &v1.location_on("s2")),
+            MoveScope::Everything { .. }
+        ));
+    }
 
     #[test]
     fn identical_versions_move_nothing() {

@@ -28,7 +28,7 @@ mod key;
 mod validate;
 mod version;
 
-pub use diff::{diff, moves, MoveScope, VersionDiff};
+pub use diff::{diff, moves, scope_at, MoveScope, VersionDiff};
 pub use hash::{hash, sub_bucket, vbucket};
 pub use key::{KeyValue, GENERIC_BINARY_SUBTYPE, UUID_SUBTYPE};
 pub use validate::{ValidationContext, ValidationError};

@@ -89,7 +89,8 @@ pub struct Transition {
     pub event_id: Option<i64>,
 }
 
-const MIGRATION_COLUMNS: &str = "id, collection, from_version, to_version, phase, epoch, paused,
+pub(super) const MIGRATION_COLUMNS: &str =
+    "id, collection, from_version, to_version, phase, epoch, paused,
     failure_reason, settings, backfill_planned_at, backfill_completed_at, cleanup_planned_at,
     revert_planned_at, created_at, updated_at, finished_at";
 
@@ -296,7 +297,7 @@ impl Store {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn insert_event(
+pub(super) async fn insert_event(
     conn: &mut sqlx::PgConnection,
     migration: &Migration,
     actor: &str,

@@ -6,9 +6,11 @@
 
 mod gates;
 pub mod migrations;
+pub mod partitions;
 pub mod routers;
 pub mod shards;
 pub mod versions;
+pub mod workers;
 
 use std::time::Duration;
 

@@ -1,0 +1,30 @@
+-- Workers: processes that run backfill (later verification, cleanup, revert) partitions.
+-- Each registers per migration it serves, heartbeats a lease, and reports what its throttle
+-- applies, so the configured rate can be shared among the live workers and `status` can show
+-- applied against configured rates, overloads and retries.
+CREATE TABLE workers (
+    id                    uuid NOT NULL,
+    migration_id          bigint NOT NULL REFERENCES migrations (id),
+    name                  text NOT NULL,
+    host                  text NOT NULL,
+    pid                   integer NOT NULL,
+    started_at            timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at          timestamptz NOT NULL DEFAULT now(),
+    lease_expires_at      timestamptz NOT NULL,
+    stopped_at            timestamptz,
+    applied_docs_per_sec  double precision NOT NULL DEFAULT 0,
+    docs_per_sec          double precision NOT NULL DEFAULT 0,
+    documents             bigint NOT NULL DEFAULT 0,
+    batches               bigint NOT NULL DEFAULT 0,
+    overloads             bigint NOT NULL DEFAULT 0,
+    retries               bigint NOT NULL DEFAULT 0,
+    rate_cuts             bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (id, migration_id)
+);
+CREATE INDEX workers_by_migration ON workers (migration_id, lease_expires_at);
+
+-- Documents a scan met that are not source documents: tombstones, and documents of the
+-- target layout in a collection both layouts share. Shown to the operator; not in the ledger.
+ALTER TABLE partitions ADD COLUMN skipped_foreign bigint NOT NULL DEFAULT 0;
+-- The source location a dead letter was read from, so `deadletter retry` can read it again.
+ALTER TABLE dead_letters ADD COLUMN source_shard text, ADD COLUMN source_collection text;

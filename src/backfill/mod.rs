@@ -1,0 +1,17 @@
+//! The backfill: planning what to copy ([`plan`]), and the workers that copy it ([`worker`]).
+//!
+//! See DESIGN.md "Backfill" and ARCHITECTURE.md. The plan is stored in Postgres as partitions;
+//! any number of `reshard worker` processes lease them, copy each through one open cursor
+//! in `_id` order and the unordered [`crate::copy::BulkWriter`], and checkpoint each batch
+//! fenced by the lease token.
+
+pub mod ids;
+pub mod plan;
+pub mod worker;
+
+pub use worker::{prepare_batch, Worker, WorkerConfig, WorkerError, WorkerSummary};
+
+/// This machine's name, for leases and events.
+pub fn host() -> String {
+    crate::commands::hostname()
+}

@@ -1,0 +1,391 @@
+//! `reshard migration status`: where a migration stands and how fast it moves.
+//!
+//! The JSON output uses the names operators know from MongoDB's `$currentOp` for resharding
+//! where they fit (`documentsCopied`, `approxDocumentsToCopy`,
+//! `remainingOperationTimeEstimatedSecs`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::commands::Ctx;
+use crate::error::{Error, Result};
+use crate::output;
+use crate::phase::Phase;
+use crate::settings::MigrationSettings;
+use crate::store::partitions::{Partition, TaskTotals};
+use crate::store::workers::WorkerRow;
+
+/// Per source location, summed over its partitions.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ShardProgress {
+    source_shard: String,
+    source_collection: String,
+    partitions: i64,
+    partitions_done: i64,
+    scan: String,
+    approx_documents_to_copy: i64,
+    documents_scanned: i64,
+    documents_copied: i64,
+    documents_already_present: i64,
+    documents_stamped: i64,
+    documents_dead_lettered: i64,
+}
+
+struct Snapshot {
+    value: serde_json::Value,
+    shards: Vec<ShardProgress>,
+    totals: TaskTotals,
+    phase: Phase,
+    docs_per_sec: f64,
+    eta: Option<f64>,
+}
+
+async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<WorkerRow>)> {
+    let m = ctx.store.migration(id).await?;
+    let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
+    let partitions = ctx.store.partitions(id, "backfill").await?;
+    let totals = ctx.store.task_totals(id, "backfill").await?;
+    let workers = ctx.store.workers(id).await?;
+    let open_dead_letters = ctx.store.dead_letters(id, false).await?.len();
+    let events = ctx.store.events(id).await?;
+    let capacity: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == "capacity_signal")
+        .collect();
+    let rate_cut_events = events.iter().filter(|e| e.kind == "rate_cut").count();
+
+    let mut shards: BTreeMap<(String, String), ShardProgress> = BTreeMap::new();
+    for p in &partitions {
+        let s = shards
+            .entry((p.source_shard.clone(), p.source_collection.clone()))
+            .or_insert_with(|| ShardProgress {
+                source_shard: p.source_shard.clone(),
+                source_collection: p.source_collection.clone(),
+                scan: if p.tenant_filter.is_some() {
+                    "tenants"
+                } else {
+                    "everything"
+                }
+                .into(),
+                ..ShardProgress::default()
+            });
+        s.partitions += 1;
+        s.partitions_done += i64::from(p.state == "done");
+        s.approx_documents_to_copy += p.approx_documents.unwrap_or(0);
+        s.documents_scanned += p.scanned;
+        s.documents_copied += p.inserted;
+        s.documents_already_present += p.already_present;
+        s.documents_stamped += p.stamped;
+        s.documents_dead_lettered += p.dead_lettered;
+    }
+    let shards: Vec<ShardProgress> = shards.into_values().collect();
+    let live: Vec<&WorkerRow> = workers.iter().filter(|w| w.live).collect();
+    let docs_per_sec: f64 = live.iter().map(|w| w.docs_per_sec).sum();
+    let applied: f64 = live.iter().map(|w| w.applied_docs_per_sec).sum();
+    let sum = |f: fn(&WorkerRow) -> i64| workers.iter().map(f).sum::<i64>();
+    let remaining = (totals.approx_documents - totals.scanned).max(0) as f64;
+    let eta = if totals.partitions > 0 && totals.done == totals.partitions {
+        Some(0.0)
+    } else if docs_per_sec > 0.5 {
+        Some(remaining / docs_per_sec)
+    } else {
+        None
+    };
+    let value = json!({
+        "migration": m.id,
+        "collection": m.collection,
+        "phase": m.phase().as_str(),
+        "state": m.status_text(),
+        "epoch": m.epoch,
+        "paused": m.paused,
+        "failure": m.failure_reason,
+        "fromVersion": m.from_version,
+        "toVersion": m.to_version,
+        "backfill": {
+            "planned": m.backfill_planned_at.is_some(),
+            "plannedAt": m.backfill_planned_at,
+            "completedAt": m.backfill_completed_at,
+            "partitions": totals.partitions,
+            "partitionsDone": totals.done,
+            "partitionsLeased": totals.leased,
+            "approxDocumentsToCopy": totals.approx_documents,
+            "documentsScanned": totals.scanned,
+            "documentsCopied": totals.inserted,
+            "documentsAlreadyPresent": totals.already_present,
+            "documentsStamped": totals.stamped,
+            "documentsDeadLettered": totals.dead_lettered,
+            "documentsSkippedForeign": totals.skipped_foreign,
+            "deadLettersOpen": open_dead_letters,
+            "docsPerSec": docs_per_sec,
+            "remainingOperationTimeEstimatedSecs": eta.map(|s| s.round() as i64),
+            "shards": shards,
+        },
+        "throttle": {
+            "configuredDocsPerSec": settings.max_docs_per_sec,
+            "appliedDocsPerSec": applied,
+            "batchSize": settings.batch_size,
+            "maxInFlightPerShard": settings.max_in_flight_per_shard,
+            "overloads": sum(|w| w.overloads),
+            "retries": sum(|w| w.retries),
+            "rateCuts": sum(|w| w.rate_cuts),
+            "rateCutEvents": rate_cut_events,
+            "capacitySignals": capacity.len(),
+            "lastCapacitySignal": capacity.last().map(|e| json!({ "at": e.at, "reason": e.reason })),
+        },
+        "workers": live,
+    });
+    Ok((
+        Snapshot {
+            value,
+            shards,
+            totals,
+            phase: m.phase(),
+            docs_per_sec,
+            eta,
+        },
+        partitions,
+        workers,
+    ))
+}
+
+pub async fn run(ctx: &Ctx, id: i64, watch: bool, with_partitions: bool) -> Result<()> {
+    if watch {
+        return watch_progress(ctx, id).await;
+    }
+    let (snap, partitions, workers) = snapshot(ctx, id).await?;
+    let mut value = snap.value.clone();
+    if with_partitions || matches!(ctx.output, crate::cli::OutputFormat::Json) {
+        value["partitions"] = serde_json::to_value(&partitions).unwrap_or_default();
+    }
+    output::emit(ctx.output, &value, || {
+        print_text(&snap, &workers);
+        if with_partitions {
+            print_partitions(&partitions);
+        }
+    })
+}
+
+fn eta_text(eta: Option<f64>) -> String {
+    match eta {
+        Some(s) if s <= 0.0 => "done".into(),
+        Some(s) => humantime(Duration::from_secs_f64(s)),
+        None => "-".into(),
+    }
+}
+
+fn humantime(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
+    let v = &snap.value;
+    let b = &v["backfill"];
+    let t = &v["throttle"];
+    let pct = if snap.totals.approx_documents > 0 {
+        format!(
+            " ({:.1}% of ~{})",
+            100.0 * snap.totals.scanned as f64 / snap.totals.approx_documents as f64,
+            snap.totals.approx_documents
+        )
+    } else {
+        String::new()
+    };
+    output::fields(&[
+        (
+            "migration",
+            format!(
+                "{} ({} v{} -> v{})",
+                v["migration"],
+                v["collection"].as_str().unwrap_or(""),
+                v["fromVersion"],
+                v["toVersion"]
+            ),
+        ),
+        ("state", v["state"].as_str().unwrap_or("").to_owned()),
+        ("epoch", v["epoch"].to_string()),
+        (
+            "partitions",
+            if b["planned"].as_bool() == Some(true) {
+                format!(
+                    "{} done, {} leased, of {}",
+                    snap.totals.done, snap.totals.leased, snap.totals.partitions
+                )
+            } else {
+                "not planned yet (a worker plans when the migration is in backfill)".into()
+            },
+        ),
+        ("scanned", format!("{}{pct}", snap.totals.scanned)),
+        (
+            "copied / present / stamped / dead",
+            format!(
+                "{} / {} / {} / {}",
+                snap.totals.inserted,
+                snap.totals.already_present,
+                snap.totals.stamped,
+                snap.totals.dead_lettered
+            ),
+        ),
+        ("open dead letters", b["deadLettersOpen"].to_string()),
+        ("docs/s", format!("{:.0}", snap.docs_per_sec)),
+        ("eta", eta_text(snap.eta)),
+        (
+            "rate (applied / configured)",
+            format!(
+                "{:.0} / {} docs/s",
+                t["appliedDocsPerSec"].as_f64().unwrap_or(0.0),
+                t["configuredDocsPerSec"]
+            ),
+        ),
+        (
+            "overloads / retries / rate cuts",
+            format!("{} / {} / {}", t["overloads"], t["retries"], t["rateCuts"]),
+        ),
+        ("capacity signals", t["capacitySignals"].to_string()),
+    ]);
+    if !snap.shards.is_empty() {
+        output::table(
+            &[
+                "source",
+                "scan",
+                "partitions",
+                "scanned",
+                "~total",
+                "copied",
+                "present",
+                "stamped",
+                "dead",
+            ],
+            snap.shards.iter().map(|s| {
+                [
+                    format!("{}/{}", s.source_shard, s.source_collection),
+                    s.scan.clone(),
+                    format!("{}/{}", s.partitions_done, s.partitions),
+                    s.documents_scanned.to_string(),
+                    s.approx_documents_to_copy.to_string(),
+                    s.documents_copied.to_string(),
+                    s.documents_already_present.to_string(),
+                    s.documents_stamped.to_string(),
+                    s.documents_dead_lettered.to_string(),
+                ]
+            }),
+        );
+    }
+    let live: Vec<_> = workers.iter().filter(|w| w.live).collect();
+    if !live.is_empty() {
+        output::table(
+            &[
+                "worker",
+                "host",
+                "pid",
+                "docs/s",
+                "applied docs/s",
+                "overloads",
+                "retries",
+            ],
+            live.iter().map(|w| {
+                [
+                    w.name.clone(),
+                    w.host.clone(),
+                    w.pid.to_string(),
+                    format!("{:.0}", w.docs_per_sec),
+                    format!("{:.0}", w.applied_docs_per_sec),
+                    w.overloads.to_string(),
+                    w.retries.to_string(),
+                ]
+            }),
+        );
+    }
+}
+
+fn print_partitions(partitions: &[Partition]) {
+    output::table(
+        &[
+            "id", "source", "_id type", "state", "owner", "scanned", "copied", "present",
+            "stamped", "dead", "attempts",
+        ],
+        partitions.iter().map(|p| {
+            [
+                p.id.to_string(),
+                format!("{}/{}", p.source_shard, p.source_collection),
+                p.id_type.clone(),
+                p.state.clone(),
+                output::or_dash(p.lease_owner.clone()),
+                p.scanned.to_string(),
+                p.inserted.to_string(),
+                p.already_present.to_string(),
+                p.stamped.to_string(),
+                p.dead_lettered.to_string(),
+                p.attempts.to_string(),
+            ]
+        }),
+    );
+}
+
+/// Progress bars per source shard and overall, redrawn every second until the backfill ends.
+async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
+    let multi = MultiProgress::new();
+    let style = ProgressStyle::with_template("{prefix:>24} [{bar:40}] {pos}/{len} {msg}")
+        .map_err(|e| Error::failed(e.to_string()))?
+        .progress_chars("=> ");
+    let overall = multi.add(
+        ProgressBar::new(0)
+            .with_style(style.clone())
+            .with_prefix("all"),
+    );
+    let mut bars: BTreeMap<String, ProgressBar> = BTreeMap::new();
+    loop {
+        let (snap, _, _) = snapshot(ctx, id).await?;
+        overall.set_length(snap.totals.approx_documents.max(snap.totals.scanned) as u64);
+        overall.set_position(snap.totals.scanned as u64);
+        overall.set_message(format!(
+            "{:.0} docs/s, eta {}, {} dead, {}",
+            snap.docs_per_sec,
+            eta_text(snap.eta),
+            snap.totals.dead_lettered,
+            snap.value["state"].as_str().unwrap_or("")
+        ));
+        for s in &snap.shards {
+            let key = format!("{}/{}", s.source_shard, s.source_collection);
+            let bar = bars.entry(key.clone()).or_insert_with(|| {
+                multi.add(
+                    ProgressBar::new(0)
+                        .with_style(style.clone())
+                        .with_prefix(key),
+                )
+            });
+            bar.set_length(s.approx_documents_to_copy.max(s.documents_scanned) as u64);
+            bar.set_position(s.documents_scanned as u64);
+            bar.set_message(format!("{}/{} partitions", s.partitions_done, s.partitions));
+        }
+        let finished = snap.totals.partitions > 0 && snap.totals.done == snap.totals.partitions;
+        let left_backfill = !matches!(
+            snap.phase,
+            Phase::Planned
+                | Phase::DualRead
+                | Phase::WriteSwitch
+                | Phase::NewWrites
+                | Phase::Backfill
+        );
+        if finished || left_backfill {
+            overall.finish();
+            for bar in bars.values() {
+                bar.finish();
+            }
+            return Ok(());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}

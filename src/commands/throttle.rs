@@ -1,0 +1,136 @@
+//! `reshard throttle show|set`: a migration's throttle settings and what workers apply.
+
+use crate::cli::ThrottleCommand;
+use crate::commands::Ctx;
+use crate::error::{Error, Result};
+use crate::output;
+use crate::settings::MigrationSettings;
+
+pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
+    match cmd {
+        ThrottleCommand::Show(id) => show(ctx, id.id).await,
+        ThrottleCommand::Set {
+            id,
+            max_docs_per_sec,
+            max_in_flight_per_shard,
+            batch_size,
+            target_batch_latency_ms,
+            capacity_signal_after_secs,
+            documents_per_partition,
+            reason,
+        } => {
+            let any = max_docs_per_sec.is_some()
+                || max_in_flight_per_shard.is_some()
+                || batch_size.is_some()
+                || target_batch_latency_ms.is_some()
+                || capacity_signal_after_secs.is_some()
+                || documents_per_partition.is_some();
+            if !any {
+                return Err(Error::bad_input(
+                    "nothing to set: give at least one of --max-docs-per-sec, \
+                     --max-in-flight-per-shard, --batch-size, --target-batch-latency-ms, \
+                     --capacity-signal-after-secs, --documents-per-partition",
+                ));
+            }
+            let (before, after) = ctx
+                .store
+                .update_settings(
+                    id,
+                    |s| {
+                        if let Some(v) = max_docs_per_sec {
+                            s.max_docs_per_sec = v;
+                        }
+                        if let Some(v) = max_in_flight_per_shard {
+                            s.max_in_flight_per_shard = v;
+                        }
+                        if let Some(v) = batch_size {
+                            s.batch_size = v;
+                        }
+                        if let Some(v) = target_batch_latency_ms {
+                            s.target_batch_latency_ms = v;
+                        }
+                        if let Some(v) = capacity_signal_after_secs {
+                            s.capacity_signal_after_secs = v;
+                        }
+                        if let Some(v) = documents_per_partition {
+                            s.documents_per_partition = v;
+                        }
+                    },
+                    &ctx.actor,
+                    reason.as_deref(),
+                )
+                .await?;
+            let value = serde_json::json!({ "migration": id, "before": before, "after": after });
+            output::emit(ctx.output, &value, || {
+                println!("migration {id}: throttle updated; running workers apply it within 2 s");
+                print_settings(&after);
+            })
+        }
+    }
+}
+
+async fn show(ctx: &Ctx, id: i64) -> Result<()> {
+    let m = ctx.store.migration(id).await?;
+    let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
+    let workers = ctx.store.workers(id).await?;
+    let live: Vec<_> = workers.iter().filter(|w| w.live).collect();
+    let applied: f64 = live.iter().map(|w| w.applied_docs_per_sec).sum();
+    let value = serde_json::json!({
+        "migration": id,
+        "settings": settings,
+        "applied_docs_per_sec": applied,
+        "workers": live,
+    });
+    output::emit(ctx.output, &value, || {
+        print_settings(&settings);
+        output::fields(&[(
+            "applied now",
+            format!("{applied:.0} docs/s across {} live worker(s)", live.len()),
+        )]);
+        if !live.is_empty() {
+            output::table(
+                &[
+                    "worker",
+                    "applied docs/s",
+                    "docs/s",
+                    "overloads",
+                    "retries",
+                    "rate cuts",
+                ],
+                live.iter().map(|w| {
+                    [
+                        w.name.clone(),
+                        format!("{:.0}", w.applied_docs_per_sec),
+                        format!("{:.0}", w.docs_per_sec),
+                        w.overloads.to_string(),
+                        w.retries.to_string(),
+                        w.rate_cuts.to_string(),
+                    ]
+                }),
+            );
+        }
+    })
+}
+
+fn print_settings(s: &MigrationSettings) {
+    output::fields(&[
+        ("max docs/s", format!("{}", s.max_docs_per_sec)),
+        (
+            "max in flight per shard",
+            s.max_in_flight_per_shard.to_string(),
+        ),
+        ("batch size", s.batch_size.to_string()),
+        (
+            "target batch latency",
+            format!("{} ms", s.target_batch_latency_ms),
+        ),
+        (
+            "capacity signal after",
+            format!("{} s", s.capacity_signal_after_secs),
+        ),
+        (
+            "documents per partition",
+            s.documents_per_partition.to_string(),
+        ),
+    ]);
+}

@@ -1,0 +1,72 @@
+//! `reshard worker`: runs backfill partitions until stopped (SIGINT/SIGTERM) or, with
+//! `--exit-when-done`, until the backfill is done.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::backfill::{Worker, WorkerConfig};
+use crate::cli::WorkerArgs;
+use crate::commands::Ctx;
+use crate::error::{Error, Result};
+use crate::output;
+
+pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
+    if let Some(id) = args.migration {
+        ctx.store.migration(id).await?;
+    }
+    let name = args
+        .name
+        .unwrap_or_else(|| format!("{}:{}", super::hostname(), std::process::id()));
+    let mut config = WorkerConfig::new(name.clone());
+    config.migration = args.migration;
+    config.concurrency = usize::from(args.concurrency);
+    config.exit_when_done = args.exit_when_done;
+    config.lease_ttl = Duration::from_secs(args.lease_ttl_secs);
+    config.actor = format!("{} (worker {name})", ctx.actor);
+    let worker = Worker::connect(ctx.store.clone(), config).await?;
+
+    let (stop, shutdown) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("stopping: finishing the batches in flight and releasing leases");
+        let _ = stop.send(true);
+    });
+    tracing::info!(worker = %name, migration = ?args.migration, "worker started");
+    let summary = worker.run(shutdown).await.map_err(|e| match e {
+        crate::backfill::WorkerError::Store(s) => Error::from(s),
+        other => Error::failed(other.to_string()),
+    })?;
+    let value = serde_json::json!({
+        "worker": name,
+        "partitions_done": summary.partitions_done,
+        "batches": summary.batches,
+        "documents": summary.documents,
+        "leases_lost": summary.leases_lost,
+    });
+    output::emit(ctx.output, &value, || {
+        output::fields(&[
+            ("worker", name.clone()),
+            ("partitions done", summary.partitions_done.to_string()),
+            ("batches", summary.batches.to_string()),
+            ("documents", summary.documents.to_string()),
+            ("leases lost", summary.leases_lost.to_string()),
+        ])
+    })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

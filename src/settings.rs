@@ -1,0 +1,159 @@
+//! A migration's tunable settings, stored as JSON with the migration and changeable while it
+//! runs (`reshard throttle set`). Workers re-read them every second.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::throttle::ThrottleSettings;
+
+/// The throttle and planning settings of one migration. Absent fields take their defaults, so
+/// rows written by older versions stay readable.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MigrationSettings {
+    /// Documents per second across all workers of the migration.
+    pub max_docs_per_sec: f64,
+    /// Write commands in flight per target shard, per worker.
+    pub max_in_flight_per_shard: usize,
+    /// Documents read and written per batch.
+    pub batch_size: usize,
+    /// A batch slower than this halves the applied rate.
+    pub target_batch_latency_ms: u64,
+    /// Overload lasting this long is written to the event log as a capacity signal.
+    pub capacity_signal_after_secs: u64,
+    /// The planner aims at partitions of about this many documents.
+    pub documents_per_partition: u64,
+}
+
+impl Default for MigrationSettings {
+    fn default() -> Self {
+        let t = ThrottleSettings::default();
+        MigrationSettings {
+            max_docs_per_sec: t.max_docs_per_sec,
+            max_in_flight_per_shard: t.max_in_flight_per_shard,
+            batch_size: t.batch_size,
+            target_batch_latency_ms: t.target_batch_latency.as_millis() as u64,
+            capacity_signal_after_secs: t.overload_window.as_secs(),
+            documents_per_partition: 100_000,
+        }
+    }
+}
+
+/// The largest batch: MongoDB accepts at most 100,000 statements per write command.
+pub const MAX_BATCH_SIZE: usize = 100_000;
+
+impl MigrationSettings {
+    /// Reads the settings stored with a migration (`{}` gives the defaults).
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, String> {
+        if value.is_null() {
+            return Ok(Self::default());
+        }
+        serde_json::from_value(value.clone()).map_err(|e| format!("stored settings: {e}"))
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("settings serialise")
+    }
+
+    /// Every problem with the values, each naming the setting and what is allowed.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !(self.max_docs_per_sec.is_finite() && self.max_docs_per_sec >= 1.0) {
+            problems.push(format!(
+                "max_docs_per_sec: {} is not allowed; use a number >= 1",
+                self.max_docs_per_sec
+            ));
+        }
+        if !(1..=64).contains(&self.max_in_flight_per_shard) {
+            problems.push(format!(
+                "max_in_flight_per_shard: {} is not allowed; use 1 to 64",
+                self.max_in_flight_per_shard
+            ));
+        }
+        if !(1..=MAX_BATCH_SIZE).contains(&self.batch_size) {
+            problems.push(format!(
+                "batch_size: {} is not allowed; use 1 to {MAX_BATCH_SIZE}",
+                self.batch_size
+            ));
+        }
+        if self.target_batch_latency_ms == 0 {
+            problems.push("target_batch_latency_ms: 0 is not allowed; use at least 1".into());
+        }
+        if self.capacity_signal_after_secs == 0 {
+            problems.push("capacity_signal_after_secs: 0 is not allowed; use at least 1".into());
+        }
+        if self.documents_per_partition == 0 {
+            problems.push("documents_per_partition: 0 is not allowed; use at least 1".into());
+        }
+        problems
+    }
+
+    /// The throttle arithmetic's settings for one of `workers` live workers: each gets an
+    /// equal share of the migration's rate.
+    pub fn throttle_share(&self, workers: usize) -> ThrottleSettings {
+        let workers = workers.max(1) as f64;
+        let max = (self.max_docs_per_sec / workers).max(1.0);
+        let defaults = ThrottleSettings::default();
+        ThrottleSettings {
+            max_docs_per_sec: max,
+            min_docs_per_sec: defaults.min_docs_per_sec.min(max),
+            step_docs_per_sec: (max / 20.0).max(1.0),
+            target_batch_latency: Duration::from_millis(self.target_batch_latency_ms),
+            overload_window: Duration::from_secs(self.capacity_signal_after_secs),
+            max_in_flight_per_shard: self.max_in_flight_per_shard,
+            batch_size: self.batch_size,
+            ..defaults
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_json_gives_defaults_and_round_trips() {
+        let s = MigrationSettings::from_json(&serde_json::json!({})).unwrap();
+        assert_eq!(s, MigrationSettings::default());
+        let mut changed = s;
+        changed.max_docs_per_sec = 123.0;
+        let back = MigrationSettings::from_json(&changed.to_json()).unwrap();
+        assert_eq!(back, changed);
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let e = MigrationSettings::from_json(&serde_json::json!({"max_docs": 3})).unwrap_err();
+        assert!(e.contains("max_docs"), "{e}");
+    }
+
+    #[test]
+    fn problems_name_the_setting_and_the_allowed_range() {
+        let s = MigrationSettings {
+            max_docs_per_sec: 0.0,
+            batch_size: 0,
+            max_in_flight_per_shard: 65,
+            ..MigrationSettings::default()
+        };
+        let p = s.problems();
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(p[0].starts_with("max_docs_per_sec: 0"), "{p:?}");
+        assert!(p[1].contains("1 to 64"), "{p:?}");
+        assert!(p[2].contains("1 to 100000"), "{p:?}");
+        assert!(MigrationSettings::default().problems().is_empty());
+    }
+
+    #[test]
+    fn the_rate_is_shared_among_live_workers() {
+        let s = MigrationSettings {
+            max_docs_per_sec: 3_000.0,
+            ..MigrationSettings::default()
+        };
+        assert_eq!(s.throttle_share(1).max_docs_per_sec, 3_000.0);
+        assert_eq!(s.throttle_share(3).max_docs_per_sec, 1_000.0);
+        assert_eq!(s.throttle_share(0).max_docs_per_sec, 3_000.0);
+        assert_eq!(s.throttle_share(10_000).max_docs_per_sec, 1.0);
+        assert!(s.throttle_share(10_000).min_docs_per_sec <= 1.0);
+    }
+}

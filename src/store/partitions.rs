@@ -1,0 +1,526 @@
+//! Partitions: the leased, checkpointed work units of backfill (and later of verification,
+//! cleanup and revert), and the dead letters their batches leave behind.
+//!
+//! Every write to a leased partition is fenced by its lease token: a worker whose lease was
+//! taken over (it stalled past the expiry and another worker claimed the partition) finds that
+//! its heartbeat or checkpoint affects zero rows, and stops touching the partition.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::migrations::{insert_event, Migration, MIGRATION_COLUMNS};
+use super::{Store, StoreError, StoreResult};
+
+/// One partition as planned: an `_id` range of one BSON type bracket on one source location.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewPartition {
+    pub source_shard: String,
+    pub source_collection: String,
+    /// The `_id` type bracket (`string`, `number`, `objectId`, `binData`).
+    pub id_type: String,
+    /// Inclusive lower bound (an encoded `_id`); `None`: the bottom of the bracket.
+    pub lower_bound: Option<Vec<u8>>,
+    /// Exclusive upper bound; `None`: the top of the bracket.
+    pub upper_bound: Option<Vec<u8>>,
+    /// Only these tenants are scanned (a JSON array of routing keys); `None`: everything.
+    pub tenant_filter: Option<serde_json::Value>,
+    pub approx_documents: Option<i64>,
+}
+
+/// A partition row.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Partition {
+    pub id: i64,
+    pub migration_id: i64,
+    pub task: String,
+    pub source_shard: String,
+    pub source_collection: String,
+    pub id_type: String,
+    #[serde(skip)]
+    pub lower_bound: Option<Vec<u8>>,
+    #[serde(skip)]
+    pub upper_bound: Option<Vec<u8>>,
+    pub tenant_filter: Option<serde_json::Value>,
+    pub state: String,
+    #[serde(skip)]
+    pub lease_token: Option<Uuid>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    #[serde(skip)]
+    pub last_id: Option<Vec<u8>>,
+    pub scanned: i64,
+    pub inserted: i64,
+    pub already_present: i64,
+    pub stamped: i64,
+    pub dead_lettered: i64,
+    pub skipped_foreign: i64,
+    pub approx_documents: Option<i64>,
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+const PARTITION_COLUMNS: &str = "id, migration_id, task, source_shard, source_collection, id_type,
+    lower_bound, upper_bound, tenant_filter, state, lease_token, lease_owner, lease_expires_at,
+    last_id, scanned, inserted, already_present, stamped, dead_lettered, skipped_foreign,
+    approx_documents, attempts, created_at, started_at, finished_at";
+
+/// What one batch added to a partition, stored with its checkpoint.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Checkpoint {
+    /// The last `_id` the batch read (encoded); the scan resumes after it.
+    pub last_id: Vec<u8>,
+    pub scanned: i64,
+    pub inserted: i64,
+    pub already_present: i64,
+    pub stamped: i64,
+    pub dead_lettered: i64,
+    pub skipped_foreign: i64,
+    pub dead_letters: Vec<NewDeadLetter>,
+}
+
+/// A document that could not be written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewDeadLetter {
+    pub doc_id: Vec<u8>,
+    pub doc_id_text: String,
+    /// The target location, `shard/collection`.
+    pub target: Option<String>,
+    pub code: Option<i32>,
+    pub code_name: Option<String>,
+    pub message: String,
+    pub attempts: i32,
+}
+
+/// A stored dead letter.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct DeadLetter {
+    pub id: i64,
+    pub migration_id: i64,
+    pub partition_id: Option<i64>,
+    #[serde(skip)]
+    pub doc_id: Vec<u8>,
+    pub doc_id_text: String,
+    pub target: Option<String>,
+    pub source_shard: Option<String>,
+    pub source_collection: Option<String>,
+    pub code: Option<i32>,
+    pub code_name: Option<String>,
+    pub message: String,
+    pub attempts: i32,
+    pub status: String,
+    pub resolution: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+const DEAD_LETTER_COLUMNS: &str = "id, migration_id, partition_id, doc_id, doc_id_text, target,
+    source_shard, source_collection, code, code_name, message, attempts, status, resolution,
+    created_at, resolved_at";
+
+/// Progress of one task of a migration, summed over its partitions.
+#[derive(Clone, Debug, Default, Serialize, sqlx::FromRow)]
+pub struct TaskTotals {
+    pub partitions: i64,
+    pub done: i64,
+    pub leased: i64,
+    pub scanned: i64,
+    pub inserted: i64,
+    pub already_present: i64,
+    pub stamped: i64,
+    pub dead_lettered: i64,
+    pub skipped_foreign: i64,
+    pub approx_documents: i64,
+}
+
+impl Store {
+    /// Stores the partitions of a migration's backfill, once: the first planner to commit
+    /// wins, and every later one (another worker that sampled at the same time) gets `false`
+    /// and uses the stored plan. The plan is refused unless the migration is in `backfill`.
+    pub async fn store_backfill_plan(
+        &self,
+        migration_id: i64,
+        partitions: &[NewPartition],
+        actor: &str,
+        details: serde_json::Value,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool().begin().await?;
+        let migration: Migration = sqlx::query_as(&format!(
+            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1 FOR UPDATE"
+        ))
+        .bind(migration_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {migration_id}")))?;
+        if migration.backfill_planned_at.is_some() {
+            return Ok(false);
+        }
+        if migration.phase() != crate::phase::Phase::Backfill {
+            return Err(StoreError::Conflict(format!(
+                "migration {migration_id} is in {}, not backfill; its backfill cannot be planned",
+                migration.phase()
+            )));
+        }
+        for p in partitions {
+            sqlx::query(
+                "INSERT INTO partitions (migration_id, task, source_shard, source_collection,
+                     id_type, lower_bound, upper_bound, tenant_filter, approx_documents)
+                 VALUES ($1, 'backfill', $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(migration_id)
+            .bind(&p.source_shard)
+            .bind(&p.source_collection)
+            .bind(&p.id_type)
+            .bind(&p.lower_bound)
+            .bind(&p.upper_bound)
+            .bind(&p.tenant_filter)
+            .bind(p.approx_documents)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query("UPDATE migrations SET backfill_planned_at = now() WHERE id = $1")
+            .bind(migration_id)
+            .execute(&mut *tx)
+            .await?;
+        insert_event(
+            &mut tx,
+            &migration,
+            actor,
+            "backfill_planned",
+            None,
+            None,
+            None,
+            details,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Claims one pending partition of `task` (or one whose lease expired) with a fresh lease.
+    /// Concurrent claimers skip each other's locked rows, so each partition goes to one.
+    pub async fn claim_partition(
+        &self,
+        migration_id: i64,
+        task: &str,
+        token: Uuid,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> StoreResult<Option<Partition>> {
+        Ok(sqlx::query_as(&format!(
+            "UPDATE partitions SET state = 'leased', lease_token = $3, lease_owner = $4,
+                 lease_expires_at = now() + make_interval(secs => $5), attempts = attempts + 1,
+                 started_at = coalesce(started_at, now())
+             WHERE id = (
+                 SELECT id FROM partitions
+                 WHERE migration_id = $1 AND task = $2
+                   AND (state = 'pending' OR (state = 'leased' AND lease_expires_at < now()))
+                 ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+             RETURNING {PARTITION_COLUMNS}"
+        ))
+        .bind(migration_id)
+        .bind(task)
+        .bind(token)
+        .bind(owner)
+        .bind(ttl.as_secs_f64())
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    /// Extends a lease; `false` means the lease is no longer ours.
+    pub async fn extend_partition_lease(
+        &self,
+        id: i64,
+        token: Uuid,
+        ttl: std::time::Duration,
+    ) -> StoreResult<bool> {
+        let r = sqlx::query(
+            "UPDATE partitions SET lease_expires_at = now() + make_interval(secs => $3)
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
+        )
+        .bind(id)
+        .bind(token)
+        .bind(ttl.as_secs_f64())
+        .execute(self.pool())
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Records a batch: the resume point, the counters and the batch's dead letters, in one
+    /// transaction fenced by the lease token. `false`: the lease is gone and nothing was stored.
+    pub async fn checkpoint_partition(
+        &self,
+        partition: &Partition,
+        token: Uuid,
+        ttl: std::time::Duration,
+        batch: &Checkpoint,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool().begin().await?;
+        let r = sqlx::query(
+            "UPDATE partitions SET last_id = $3, scanned = scanned + $4, inserted = inserted + $5,
+                 already_present = already_present + $6, stamped = stamped + $7,
+                 dead_lettered = dead_lettered + $8, skipped_foreign = skipped_foreign + $9,
+                 lease_expires_at = now() + make_interval(secs => $10)
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
+        )
+        .bind(partition.id)
+        .bind(token)
+        .bind(&batch.last_id)
+        .bind(batch.scanned)
+        .bind(batch.inserted)
+        .bind(batch.already_present)
+        .bind(batch.stamped)
+        .bind(batch.dead_lettered)
+        .bind(batch.skipped_foreign)
+        .bind(ttl.as_secs_f64())
+        .execute(&mut *tx)
+        .await?;
+        if r.rows_affected() != 1 {
+            return Ok(false);
+        }
+        for d in &batch.dead_letters {
+            sqlx::query(
+                "INSERT INTO dead_letters (migration_id, partition_id, doc_id, doc_id_text, target,
+                     source_shard, source_collection, code, code_name, message, attempts)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )
+            .bind(partition.migration_id)
+            .bind(partition.id)
+            .bind(&d.doc_id)
+            .bind(&d.doc_id_text)
+            .bind(&d.target)
+            .bind(&partition.source_shard)
+            .bind(&partition.source_collection)
+            .bind(d.code)
+            .bind(&d.code_name)
+            .bind(&d.message)
+            .bind(d.attempts)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Marks a partition done; `false` when the lease is no longer ours.
+    pub async fn finish_partition(&self, id: i64, token: Uuid) -> StoreResult<bool> {
+        let r = sqlx::query(
+            "UPDATE partitions SET state = 'done', finished_at = now(), lease_token = NULL,
+                 lease_expires_at = NULL
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
+        )
+        .bind(id)
+        .bind(token)
+        .execute(self.pool())
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Gives a partition back (the worker is stopping or the migration paused); its
+    /// checkpoint stays, so the next claimer resumes after the last recorded batch.
+    pub async fn release_partition(&self, id: i64, token: Uuid) -> StoreResult<bool> {
+        let r = sqlx::query(
+            "UPDATE partitions SET state = 'pending', lease_token = NULL, lease_owner = NULL,
+                 lease_expires_at = NULL
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
+        )
+        .bind(id)
+        .bind(token)
+        .execute(self.pool())
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// The partitions of a migration's task, in id order.
+    pub async fn partitions(&self, migration_id: i64, task: &str) -> StoreResult<Vec<Partition>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {PARTITION_COLUMNS} FROM partitions
+             WHERE migration_id = $1 AND task = $2 ORDER BY id"
+        ))
+        .bind(migration_id)
+        .bind(task)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// One partition.
+    pub async fn partition(&self, id: i64) -> StoreResult<Partition> {
+        sqlx::query_as(&format!(
+            "SELECT {PARTITION_COLUMNS} FROM partitions WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("no partition with id {id}")))
+    }
+
+    /// Sums of a task's counters.
+    pub async fn task_totals(&self, migration_id: i64, task: &str) -> StoreResult<TaskTotals> {
+        Ok(sqlx::query_as(
+            "SELECT count(*) AS partitions,
+                    count(*) FILTER (WHERE state = 'done') AS done,
+                    count(*) FILTER (WHERE state = 'leased' AND lease_expires_at > now()) AS leased,
+                    coalesce(sum(scanned), 0)::bigint AS scanned,
+                    coalesce(sum(inserted), 0)::bigint AS inserted,
+                    coalesce(sum(already_present), 0)::bigint AS already_present,
+                    coalesce(sum(stamped), 0)::bigint AS stamped,
+                    coalesce(sum(dead_lettered), 0)::bigint AS dead_lettered,
+                    coalesce(sum(skipped_foreign), 0)::bigint AS skipped_foreign,
+                    coalesce(sum(approx_documents), 0)::bigint AS approx_documents
+             FROM partitions WHERE migration_id = $1 AND task = $2",
+        )
+        .bind(migration_id)
+        .bind(task)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// Dead letters of a migration; only the open ones unless `all`.
+    pub async fn dead_letters(&self, migration_id: i64, all: bool) -> StoreResult<Vec<DeadLetter>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {DEAD_LETTER_COLUMNS} FROM dead_letters
+             WHERE migration_id = $1 AND ($2 OR status = 'open') ORDER BY id"
+        ))
+        .bind(migration_id)
+        .bind(all)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// A retried dead letter was written: it is resolved, and its partition's ledger moves the
+    /// document from `dead_lettered` to what the write came to (`inserted`, `already_present`
+    /// or `stamped`), so the ledger still balances.
+    pub async fn resolve_dead_letter_retried(
+        &self,
+        id: i64,
+        outcome: &str,
+        actor: &str,
+    ) -> StoreResult<bool> {
+        let column = match outcome {
+            "inserted" => "inserted",
+            "already_present" => "already_present",
+            "stamped" => "stamped",
+            other => {
+                return Err(StoreError::Conflict(format!(
+                    "a retried dead letter cannot end as {other:?}"
+                )))
+            }
+        };
+        let mut tx = self.pool().begin().await?;
+        let letter: Option<DeadLetter> = sqlx::query_as(&format!(
+            "UPDATE dead_letters SET status = 'retried', resolved_at = now(),
+                 resolution = $2, attempts = attempts + 1
+             WHERE id = $1 AND status = 'open' RETURNING {DEAD_LETTER_COLUMNS}"
+        ))
+        .bind(id)
+        .bind(format!("retried: {outcome}"))
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(letter) = letter else {
+            return Ok(false);
+        };
+        if let Some(partition) = letter.partition_id {
+            sqlx::query(&format!(
+                "UPDATE partitions SET dead_lettered = dead_lettered - 1, {column} = {column} + 1
+                 WHERE id = $1"
+            ))
+            .bind(partition)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let migration = self.migration_in(&mut tx, letter.migration_id).await?;
+        insert_event(
+            &mut tx,
+            &migration,
+            actor,
+            "deadletter_retried",
+            None,
+            None,
+            None,
+            json!({ "dead_letter": id, "_id": letter.doc_id_text, "outcome": outcome }),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// A retry failed again: the dead letter stays open with the new failure.
+    pub async fn dead_letter_failed_again(
+        &self,
+        id: i64,
+        code: Option<i32>,
+        code_name: Option<&str>,
+        message: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE dead_letters SET attempts = attempts + 1, code = $2, code_name = $3,
+                 message = $4
+             WHERE id = $1 AND status = 'open'",
+        )
+        .bind(id)
+        .bind(code)
+        .bind(code_name)
+        .bind(message)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The operator accepts that a document will not be copied; the reason goes to the event
+    /// log. Returns the dead letters skipped (all open ones of the id).
+    pub async fn skip_dead_letters(
+        &self,
+        migration_id: i64,
+        doc_id_text: &str,
+        reason: &str,
+        actor: &str,
+    ) -> StoreResult<Vec<DeadLetter>> {
+        let mut tx = self.pool().begin().await?;
+        let skipped: Vec<DeadLetter> = sqlx::query_as(&format!(
+            "UPDATE dead_letters SET status = 'skipped', resolved_at = now(), resolution = $3
+             WHERE migration_id = $1 AND doc_id_text = $2 AND status = 'open'
+             RETURNING {DEAD_LETTER_COLUMNS}"
+        ))
+        .bind(migration_id)
+        .bind(doc_id_text)
+        .bind(reason)
+        .fetch_all(&mut *tx)
+        .await?;
+        if skipped.is_empty() {
+            return Err(StoreError::NotFound(format!(
+                "migration {migration_id} has no open dead letter for _id {doc_id_text} \
+                 (see `reshard deadletter list {migration_id}`)"
+            )));
+        }
+        let migration = self.migration_in(&mut tx, migration_id).await?;
+        insert_event(
+            &mut tx,
+            &migration,
+            actor,
+            "deadletter_skipped",
+            None,
+            None,
+            Some(reason),
+            json!({
+                "_id": doc_id_text,
+                "dead_letters": skipped.iter().map(|d| d.id).collect::<Vec<_>>(),
+            }),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(skipped)
+    }
+
+    async fn migration_in(&self, conn: &mut sqlx::PgConnection, id: i64) -> StoreResult<Migration> {
+        sqlx::query_as(&format!(
+            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {id}")))
+    }
+}
