@@ -597,3 +597,56 @@ async fn logs_follow_reshard_log_and_can_be_json() {
     let quiet = reshard(&db, &["migration", "resume", &id]);
     assert!(!stderr(&quiet).contains("migration changed"));
 }
+
+#[tokio::test]
+async fn throttle_set_is_logged_and_shown_and_status_reports_an_unplanned_backfill() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    json(&db, &["migration", "create", "--collection", "orders", "--to", "2"]);
+
+    let shown = json(&db, &["throttle", "show", "1"]);
+    assert_eq!(shown["settings"]["batch_size"], 1000, "{shown}");
+    let set = json(
+        &db,
+        &[
+            "throttle",
+            "set",
+            "1",
+            "--max-docs-per-sec",
+            "1234",
+            "--batch-size",
+            "250",
+            "--reason",
+            "peak hours",
+        ],
+    );
+    assert_eq!(set["before"]["max_docs_per_sec"], 5000.0, "{set}");
+    assert_eq!(set["after"]["max_docs_per_sec"], 1234.0, "{set}");
+    let shown = json(&db, &["throttle", "show", "1"]);
+    assert_eq!(shown["settings"]["batch_size"], 250, "{shown}");
+    let history = json(&db, &["migration", "history", "1"]);
+    let change = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "settings_changed")
+        .expect("a settings_changed event");
+    assert_eq!(change["reason"], "peak hours");
+    assert_eq!(change["details"]["after"]["batch_size"], 250);
+
+    // The planner's partition size is part of the same settings; a bad value changes nothing.
+    let out = reshard(&db, &["throttle", "set", "1", "--documents-per-partition", "0"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("documents_per_partition: 0 is not allowed"));
+    assert_eq!(json(&db, &["throttle", "show", "1"])["settings"], shown["settings"]);
+
+    let status = json(&db, &["migration", "status", "1"]);
+    assert_eq!(status["phase"], "planned");
+    assert_eq!(status["backfill"]["planned"], false);
+    assert_eq!(status["backfill"]["documentsCopied"], 0);
+    assert_eq!(status["throttle"]["configuredDocsPerSec"], 1234.0);
+    assert!(status["backfill"]["remainingOperationTimeEstimatedSecs"].is_null());
+    let text = reshard(&db, &["migration", "status", "1"]);
+    assert_eq!(code(&text), 0, "{}", stderr(&text));
+    assert!(String::from_utf8_lossy(&text.stdout).contains("not planned yet"));
+}
