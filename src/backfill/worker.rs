@@ -262,10 +262,9 @@ impl Worker {
                 break;
             }
             if !worked {
-                let mut shutdown = shutdown.clone();
                 tokio::select! {
                     _ = tokio::time::sleep(self.config.idle_poll) => {}
-                    _ = shutdown.changed() => {}
+                    _ = stopped(shutdown.clone()) => {}
                 }
             }
         }
@@ -438,7 +437,7 @@ impl Worker {
         worker_id: Uuid,
         mut live: usize,
         shared: Arc<Shared>,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
         stop: Arc<tokio::sync::Notify>,
     ) -> Result<(), WorkerError> {
         let ttl = self.config.lease_ttl;
@@ -451,10 +450,10 @@ impl Worker {
         loop {
             tokio::select! {
                 _ = stop.notified() => return Ok(()),
-                _ = shutdown.changed() => {
-                    shared.runnable.store(false, Ordering::SeqCst);
-                }
                 _ = tokio::time::sleep(self.config.refresh) => {}
+            }
+            if *shutdown.borrow() {
+                shared.runnable.store(false, Ordering::SeqCst);
             }
             let now = Instant::now();
             let m = self.store.migration(shared.migration).await?;
@@ -638,10 +637,9 @@ impl Worker {
                         "partition released after a failure that may pass: {why}"
                     );
                     self.store.release_partition(p.id, token).await?;
-                    let mut shutdown = shutdown.clone();
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
-                        _ = shutdown.changed() => {}
+                        _ = stopped(shutdown.clone()) => {}
                     }
                 }
             }
@@ -863,6 +861,18 @@ impl Worker {
                 self.store.release_partition(p.id, token).await?;
                 return Ok(PartitionEnd::Released);
             }
+        }
+    }
+}
+
+/// Resolves once shutdown is asked for; never, when the sender is gone without asking.
+async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    loop {
+        if *shutdown.borrow_and_update() {
+            return;
+        }
+        if shutdown.changed().await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }

@@ -1,0 +1,216 @@
+//! Benchmark: unthrottled backfill throughput against the raw unordered ingest rate of the
+//! same target servers (BENCHMARKS.md, "Backfill throughput"). Runs only with `RESHARD_BENCH=1`:
+//!
+//! ```text
+//! RESHARD_BENCH=1 cargo test --release --test bench_backfill -- --nocapture
+//! ```
+//!
+//! One source server (`s1`) holds N documents in one collection; three target servers
+//! (`s2..s4`) receive them. The raw ingest writes pre-built copies (no reading, no planning,
+//! no checkpoints) through the same bulk writer with the same number of batches in flight;
+//! the backfill is a real worker (planning, leases, one cursor per partition, checkpoints in
+//! Postgres, `w: majority, j: true`) with the throttle lifted. Raw runs before and after the
+//! copy, into fresh collections, and the ratio uses their mean.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use mongodb::bson::{doc, Document};
+use reshard::backfill::{prepare_batch, Worker, WorkerConfig};
+use reshard::copy::{BulkWriter, WriteOp, WriterOptions};
+use reshard::phase::{Action, Phase};
+use reshard::routing::Location;
+use reshard::store::Store;
+use serde_json::json;
+use support::{MongoServer, PgDb, Shards};
+
+const BATCH: usize = 1_000;
+const CONCURRENCY: usize = 2;
+
+const V1: &str = "tenant_key: customerId
+layout: hashed
+virtual_buckets: 1024
+placement:
+  - vbuckets: [0, 1024]
+    shard: s1
+";
+
+const V2: &str = "tenant_key: customerId
+layout: hashed
+virtual_buckets: 1024
+routing_field: bucket
+default_buckets: 4
+placement:
+  - vbuckets: [0, 342]
+    shard: s2
+  - vbuckets: [342, 683]
+    shard: s3
+  - vbuckets: [683, 1024]
+    shard: s4
+";
+
+fn documents(n: usize) -> Vec<Document> {
+    (0..n)
+        .map(|i| {
+            doc! {
+                "_id": format!("o-{i:08}"),
+                "customerId": format!("c-{:05}", i % 5_000),
+                "total": i as i64,
+                "status": "paid",
+                "lines": [{ "sku": format!("sku-{}", i % 97), "qty": 1 }],
+                "note": "x".repeat(120),
+            }
+        })
+        .collect()
+}
+
+/// Writes pre-built batches with `CONCURRENCY` batches in flight, as the worker's loops do.
+async fn raw_ingest(writer: &BulkWriter, batches: Vec<Vec<reshard::copy::Statement>>) -> Duration {
+    let started = Instant::now();
+    let queue = std::sync::Arc::new(tokio::sync::Mutex::new(batches.into_iter()));
+    let tasks: Vec<_> = (0..CONCURRENCY)
+        .map(|_| {
+            let (queue, writer) = (queue.clone(), writer.clone());
+            tokio::spawn(async move {
+                loop {
+                    let next = queue.lock().await.next();
+                    let Some(batch) = next else { return };
+                    let report = writer.write(batch).await.unwrap();
+                    assert_eq!(report.counts.dead_lettered, 0);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unthrottled_copy_against_raw_ingest() {
+    if std::env::var("RESHARD_BENCH").as_deref() != Ok("1") {
+        eprintln!("skipped: set RESHARD_BENCH=1 to run the backfill benchmark");
+        return;
+    }
+    let n: usize = std::env::var("RESHARD_BENCH_DOCS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60_000);
+    let shards = Shards::start(4).await;
+    let pg = PgDb::fresh().await;
+    let store = Store::connect_unchecked(&pg.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let db_name = MongoServer::database_name();
+    let mut databases = BTreeMap::new();
+    for server in shards.iter() {
+        store
+            .add_shard(server.name(), &server.uri(), &db_name)
+            .await
+            .unwrap();
+        let client = reshard::mongo::writer_client(&server.uri()).await.unwrap();
+        databases.insert(server.name().to_string(), client.database(&db_name));
+    }
+    let mut versions = Vec::new();
+    for (file, text) in [("v1.yaml", V1), ("v2.yaml", V2)] {
+        let v = reshard::spec::parse_version_spec(file, text, "orders").unwrap();
+        versions.push(
+            store
+                .insert_version(&v, text, "bench")
+                .await
+                .unwrap()
+                .version,
+        );
+    }
+    let (v1, v2) = (versions[0].clone(), versions[1].clone());
+    let m = store
+        .create_migration("orders", 1, 2, "bench")
+        .await
+        .unwrap()
+        .id;
+    for phase in [
+        Phase::DualRead,
+        Phase::WriteSwitch,
+        Phase::NewWrites,
+        Phase::Backfill,
+    ] {
+        store
+            .transition(m, &Action::Advance(phase), "bench", None, false)
+            .await
+            .unwrap();
+    }
+    store
+        .update_settings(
+            m,
+            |s| {
+                s.max_docs_per_sec = 1e9;
+                s.batch_size = BATCH;
+                s.documents_per_partition = (n / 4) as u64;
+            },
+            "bench",
+            None,
+        )
+        .await
+        .unwrap();
+
+    let docs = documents(n);
+    let source = databases["s1"].collection::<Document>("orders");
+    for chunk in docs.chunks(5_000) {
+        source
+            .insert_many(chunk.to_vec())
+            .ordered(false)
+            .await
+            .unwrap();
+    }
+    let here = Location::new("s1", "orders");
+    let prebuilt = |collection: &str| -> Vec<Vec<reshard::copy::Statement>> {
+        docs.chunks(BATCH)
+            .map(|chunk| {
+                prepare_batch(&v1, &v2, &here, 1, chunk.to_vec())
+                    .statements
+                    .into_iter()
+                    .map(|mut s| {
+                        s.location.collection = collection.to_owned();
+                        assert!(matches!(s.op, WriteOp::Insert(_)));
+                        s
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let writer = BulkWriter::new(databases.clone(), WriterOptions::default());
+
+    let raw_before = raw_ingest(&writer, prebuilt("raw_before")).await;
+    let mut config = WorkerConfig::new("bench");
+    config.migration = Some(m);
+    config.concurrency = CONCURRENCY;
+    config.exit_when_done = true;
+    let worker = Worker::with_shards(store.clone(), databases.clone(), config);
+    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    let started = Instant::now();
+    let summary = worker.run(shutdown).await.unwrap();
+    let copy = started.elapsed();
+    let raw_after = raw_ingest(&writer, prebuilt("raw_after")).await;
+
+    let totals = store.task_totals(m, "backfill").await.unwrap();
+    assert_eq!(totals.scanned as usize, n);
+    assert_eq!(totals.inserted as usize, n, "{totals:?}");
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    let raw_mean = (rate(raw_before) + rate(raw_after)) / 2.0;
+    let result = json!({
+        "documents": n,
+        "target_servers": 3,
+        "batch": BATCH,
+        "batches_in_flight": CONCURRENCY,
+        "partitions": totals.partitions,
+        "raw_before_docs_per_sec": rate(raw_before).round(),
+        "raw_after_docs_per_sec": rate(raw_after).round(),
+        "copy_docs_per_sec": rate(copy).round(),
+        "copy_seconds": copy.as_secs_f64(),
+        "copy_over_raw": rate(copy) / raw_mean,
+        "worker_batches": summary.batches,
+    });
+    println!("{}", serde_json::to_string_pretty(&result).unwrap());
+}
