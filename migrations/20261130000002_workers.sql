@@ -28,3 +28,18 @@ CREATE INDEX workers_by_migration ON workers (migration_id, lease_expires_at);
 ALTER TABLE partitions ADD COLUMN skipped_foreign bigint NOT NULL DEFAULT 0;
 -- The source location a dead letter was read from, so `deadletter retry` can read it again.
 ALTER TABLE dead_letters ADD COLUMN source_shard text, ADD COLUMN source_collection text;
+
+-- Cleanup partitions count what they deleted and what they kept (documents that never moved),
+-- and the ledger balances over those too.
+ALTER TABLE partitions ADD COLUMN deleted bigint NOT NULL DEFAULT 0,
+                       ADD COLUMN kept bigint NOT NULL DEFAULT 0;
+ALTER TABLE partitions DROP CONSTRAINT partitions_check;
+ALTER TABLE partitions ADD CONSTRAINT partitions_ledger
+    CHECK (scanned = inserted + already_present + stamped + dead_lettered + deleted + kept);
+
+-- Reconciliation findings: the stratum they were sampled in, and what repair did.
+ALTER TABLE reconciliation_findings ADD COLUMN stratum text,
+                                    ADD COLUMN resolution text;
+
+-- When the target's tombstones were purged (after every router acknowledged `completed`).
+ALTER TABLE migrations ADD COLUMN tombstones_purged_at timestamptz;

@@ -86,6 +86,54 @@ pub enum Command {
     /// Documents a backfill could not write.
     #[command(subcommand)]
     Deadletter(DeadletterCommand),
+    /// Check that the target holds what the source held: counts, samples, or everything.
+    Reconcile(ReconcileArgs),
+    /// Copy again the documents the latest reconciliation run found missing or mismatched.
+    Repair {
+        id: i64,
+        /// Repair the findings of this run (default: the latest finished run).
+        #[arg(long)]
+        run: Option<i64>,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct ReconcileArgs {
+    #[command(subcommand)]
+    pub command: Option<ReconcileCommand>,
+    /// The migration.
+    #[arg(required = true)]
+    pub id: Option<i64>,
+    /// Samples per stratum (each clean stratum of k samples bounds its defect rate by 3/k).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub sample: u64,
+    /// Check every source document, not samples.
+    #[arg(long)]
+    pub full: bool,
+    /// How samples are grouped.
+    #[arg(long, value_enum, default_value_t = StratifyArg::Shard)]
+    pub stratify: StratifyArg,
+    /// Milliseconds to wait before findings are checked again (a write in flight is no defect).
+    #[arg(long, default_value_t = 2_000)]
+    pub recheck_delay_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StratifyArg {
+    Bucket,
+    Tenant,
+    Shard,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReconcileCommand {
+    /// A run's verdict, strata and findings (the latest run unless --run).
+    Show {
+        id: i64,
+        #[arg(long)]
+        run: Option<i64>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -273,6 +321,24 @@ pub enum MigrationCommand {
         #[arg(long, default_value_t = 10)]
         switch_timeout: u64,
     },
+    /// Roll back: before new_writes back to planned (the target dropped); from new_writes to
+    /// new_reads into reverting, where routers mirror writes to the source and workers copy
+    /// the application's target writes back. Refused once cleanup has started.
+    Rollback {
+        id: i64,
+        /// Check the move and its gates, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Why, for the event log.
+        #[arg(long)]
+        reason: Option<String>,
+        /// How long to wait for routers to acknowledge, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// How long routers may take to acknowledge a write switch, in seconds.
+        #[arg(long, default_value_t = 10)]
+        switch_timeout: u64,
+    },
     /// Stop workers from taking new work; routers are unaffected.
     Pause {
         id: i64,
@@ -287,6 +353,27 @@ pub enum MigrationCommand {
     },
     /// The migration's event log.
     History(MigrationId),
+    /// Gate thresholds and cleanup options stored with the migration.
+    Configure {
+        id: i64,
+        /// Missing documents a passing reconciliation run may find (default 0).
+        #[arg(long)]
+        max_missing: Option<u64>,
+        /// Mismatched pristine copies a passing run may find (default 0).
+        #[arg(long)]
+        max_mismatched: Option<u64>,
+        /// Misplaced documents a passing run may find (default 0).
+        #[arg(long)]
+        max_misplaced: Option<u64>,
+        /// Cleanup waves as three cumulative percentages, e.g. 1,10,100.
+        #[arg(long, value_delimiter = ',', num_args = 3)]
+        cleanup_waves: Option<Vec<f64>>,
+        /// Drop source collections that cleanup emptied.
+        #[arg(long)]
+        drop_empty_source: Option<bool>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Progress: phase, per-shard and per-partition counters, docs/s, ETA, rates, workers.
     Status {
         id: i64,

@@ -24,6 +24,17 @@ pub struct MigrationSettings {
     pub capacity_signal_after_secs: u64,
     /// The planner aims at partitions of about this many documents.
     pub documents_per_partition: u64,
+    /// Reconciliation gate: the most missing documents a passing run may find.
+    pub max_missing: u64,
+    /// ... mismatched pristine copies.
+    pub max_mismatched: u64,
+    /// ... misplaced documents.
+    pub max_misplaced: u64,
+    /// Cleanup waves, as cumulative percentages of the cleanup partitions: a wave starts once
+    /// the previous one is done.
+    pub cleanup_waves: [f64; 3],
+    /// Drop a source collection that cleanup emptied (and that no target location uses).
+    pub drop_empty_source: bool,
 }
 
 impl Default for MigrationSettings {
@@ -36,6 +47,11 @@ impl Default for MigrationSettings {
             target_batch_latency_ms: t.target_batch_latency.as_millis() as u64,
             capacity_signal_after_secs: t.overload_window.as_secs(),
             documents_per_partition: 100_000,
+            max_missing: 0,
+            max_mismatched: 0,
+            max_misplaced: 0,
+            cleanup_waves: [1.0, 10.0, 100.0],
+            drop_empty_source: false,
         }
     }
 }
@@ -82,6 +98,16 @@ impl MigrationSettings {
         }
         if self.capacity_signal_after_secs == 0 {
             problems.push("capacity_signal_after_secs: 0 is not allowed; use at least 1".into());
+        }
+        let waves = self.cleanup_waves;
+        if !(waves.iter().all(|w| *w > 0.0 && *w <= 100.0)
+            && waves.windows(2).all(|w| w[0] <= w[1])
+            && waves[2] == 100.0)
+        {
+            problems.push(format!(
+                "cleanup_waves: {waves:?} is not allowed; use three increasing percentages in \
+                 (0, 100], the last one 100"
+            ));
         }
         if self.documents_per_partition == 0 {
             problems.push("documents_per_partition: 0 is not allowed; use at least 1".into());

@@ -183,6 +183,24 @@ async fn unthrottled_copy_against_raw_ingest() {
     let writer = BulkWriter::new(databases.clone(), WriterOptions::default());
 
     let raw_before = raw_ingest(&writer, prebuilt("raw_before")).await;
+    // What reading alone costs: the whole source through one cursor in `_id` order.
+    let started = Instant::now();
+    let mut cursor = source
+        .find(doc! {})
+        .sort(doc! { "_id": 1 })
+        .batch_size(BATCH as u32)
+        .await
+        .unwrap();
+    let mut read = 0;
+    while futures::TryStreamExt::try_next(&mut cursor)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        read += 1;
+    }
+    assert_eq!(read, n);
+    let source_read = started.elapsed();
     let mut config = WorkerConfig::new("bench");
     config.migration = Some(m);
     config.concurrency = CONCURRENCY;
@@ -190,8 +208,16 @@ async fn unthrottled_copy_against_raw_ingest() {
     let worker = Worker::with_shards(store.clone(), databases.clone(), config);
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
     let started = Instant::now();
+    let wall = chrono::Utc::now();
     let summary = worker.run(shutdown).await.unwrap();
     let copy = started.elapsed();
+    let planned_at = store
+        .migration(m)
+        .await
+        .unwrap()
+        .backfill_planned_at
+        .unwrap();
+    let plan_seconds = (planned_at - wall).num_milliseconds() as f64 / 1000.0;
     let raw_after = raw_ingest(&writer, prebuilt("raw_after")).await;
 
     let totals = store.task_totals(m, "backfill").await.unwrap();
@@ -207,7 +233,10 @@ async fn unthrottled_copy_against_raw_ingest() {
         "partitions": totals.partitions,
         "raw_before_docs_per_sec": rate(raw_before).round(),
         "raw_after_docs_per_sec": rate(raw_after).round(),
+        "source_read_docs_per_sec": rate(source_read).round(),
+        "plan_seconds": plan_seconds,
         "copy_docs_per_sec": rate(copy).round(),
+        "copy_docs_per_sec_after_planning": (n as f64 / (copy.as_secs_f64() - plan_seconds)).round(),
         "copy_seconds": copy.as_secs_f64(),
         "copy_over_raw": rate(copy) / raw_mean,
         "worker_batches": summary.batches,

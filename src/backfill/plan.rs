@@ -253,6 +253,47 @@ pub async fn plan(
     Ok(plans)
 }
 
+/// The revert copier's partitions: one per `_id` bracket present at each target location
+/// (what reshard wrote there, `_reshard` present, is read through one cursor each).
+pub async fn plan_revert(
+    to: &RoutingVersion,
+    shards: &BTreeMap<String, Database>,
+) -> Result<Vec<NewPartition>, PlanError> {
+    let mut partitions = Vec::new();
+    for location in to.locations() {
+        let db = shards
+            .get(&location.shard)
+            .ok_or_else(|| PlanError::UnknownShard(location.shard.clone()))?;
+        let coll = db.collection::<Document>(&location.collection);
+        for bracket in Bracket::ALL {
+            let probe = doc! {
+                crate::router::META: { "$exists": true },
+                "_id": { "$gte": bracket.floor() },
+            };
+            let found = coll
+                .find_one(probe)
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(|source| PlanError::Read {
+                    location: location.clone(),
+                    source,
+                })?;
+            if found.is_some() {
+                partitions.push(NewPartition {
+                    source_shard: location.shard.clone(),
+                    source_collection: location.collection.clone(),
+                    id_type: bracket.name().to_owned(),
+                    lower_bound: None,
+                    upper_bound: None,
+                    tenant_filter: None,
+                    approx_documents: None,
+                });
+            }
+        }
+    }
+    Ok(partitions)
+}
+
 /// The event details of a plan: per location, its scope, size and partition count.
 pub fn plan_details(plans: &[LocationPlan]) -> serde_json::Value {
     let locations: Vec<serde_json::Value> = plans

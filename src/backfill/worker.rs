@@ -34,12 +34,11 @@ use super::plan;
 use crate::copy::{
     BulkWriter, FailureClass, RetryPolicy, Statement, StatementResult, WriterOptions,
 };
-use crate::phase::Phase;
 use crate::router::{copy_document, is_tombstone};
 use crate::routing::{KeyValue, Location, RoutingVersion};
 use crate::settings::MigrationSettings;
 use crate::store::migrations::Migration;
-use crate::store::partitions::{Checkpoint, NewDeadLetter, Partition};
+use crate::store::partitions::{Checkpoint, NewDeadLetter, Partition, Task};
 use crate::store::workers::WorkerFigures;
 use crate::store::{Store, StoreError};
 use crate::throttle::AdaptiveRate;
@@ -146,6 +145,9 @@ impl Counters {
 /// What the partition loops of one migration share.
 struct Shared {
     migration: i64,
+    task: Task,
+    /// `_id`s (as text) of skipped dead letters: never copied, so never deleted by cleanup.
+    skipped: std::collections::HashSet<String>,
     epoch: i64,
     from: RoutingVersion,
     to: RoutingVersion,
@@ -221,7 +223,7 @@ impl Worker {
                     .migrations(false)
                     .await?
                     .into_iter()
-                    .filter(|m| m.phase() == Phase::Backfill)
+                    .filter(|m| Task::of(m.phase()).is_some())
                     .collect(),
             };
             let mut all_done = true;
@@ -230,30 +232,29 @@ impl Worker {
                 if *shutdown.borrow() {
                     break;
                 }
-                if m.phase() != Phase::Backfill {
+                let Some(task) = Task::of(m.phase()) else {
                     // Before backfill: wait for it. After: nothing left for this worker.
                     if m.backfill_planned_at.is_none() && !m.phase().is_terminal() {
                         all_done = false;
                     }
                     continue;
-                }
+                };
                 if m.paused || m.failure_reason.is_some() {
                     all_done = false;
                     continue;
                 }
-                let m = if m.backfill_planned_at.is_none() {
-                    self.plan(&m).await?;
-                    self.store.migration(m.id).await?
-                } else {
-                    m
-                };
-                let s = self.serve(&m, shutdown.clone()).await?;
+                if !self.planned(&m, task).await? {
+                    all_done = false;
+                    continue;
+                }
+                let m = self.store.migration(m.id).await?;
+                let s = self.serve(&m, task, shutdown.clone()).await?;
                 worked |= s.batches > 0 || s.partitions_done > 0;
                 summary.partitions_done += s.partitions_done;
                 summary.batches += s.batches;
                 summary.documents += s.documents;
                 summary.leases_lost += s.leases_lost;
-                let totals = self.store.task_totals(m.id, "backfill").await?;
+                let totals = self.store.task_totals(m.id, task.as_str()).await?;
                 if totals.done < totals.partitions {
                     all_done = false;
                 }
@@ -291,6 +292,57 @@ impl Worker {
             migration: m.id,
             message,
         })
+    }
+
+    /// Makes sure the task is planned; `false` when it cannot be yet (the revert copier
+    /// waits until every live router mirrors its writes).
+    async fn planned(&self, m: &Migration, task: Task) -> Result<bool, WorkerError> {
+        let planned_at = match task {
+            Task::Backfill => m.backfill_planned_at,
+            Task::Cleanup => m.cleanup_planned_at,
+            Task::Revert => m.revert_planned_at,
+        };
+        if planned_at.is_some() {
+            return Ok(true);
+        }
+        match task {
+            Task::Backfill => self.plan(m).await?,
+            Task::Cleanup => {
+                self.store
+                    .store_plan(m.id, Task::Cleanup, &[], &self.config.actor, json!({}))
+                    .await?;
+            }
+            Task::Revert => {
+                // A router still in an earlier epoch writes the target without mirroring; the
+                // copier may have passed its id already. Start only once all acknowledged.
+                let missing = self.store.unacknowledged_routers(m).await?;
+                if !missing.is_empty() {
+                    tracing::info!(
+                        migration = m.id,
+                        routers = missing.len(),
+                        "revert copy waits for every live router to acknowledge reverting"
+                    );
+                    return Ok(false);
+                }
+                let (_, to) = self.versions(m).await?;
+                let partitions = plan::plan_revert(&to, &self.shards)
+                    .await
+                    .map_err(|source| WorkerError::Plan {
+                        migration: m.id,
+                        source: Box::new(source),
+                    })?;
+                self.store
+                    .store_plan(
+                        m.id,
+                        Task::Revert,
+                        &partitions,
+                        &self.config.actor,
+                        json!({ "partitions": partitions.len() }),
+                    )
+                    .await?;
+            }
+        }
+        Ok(true)
     }
 
     /// Samples the source and stores the partitions (first planner wins).
@@ -355,8 +407,10 @@ impl Worker {
     async fn serve(
         &self,
         m: &Migration,
+        task: Task,
         shutdown: watch::Receiver<bool>,
     ) -> Result<WorkerSummary, WorkerError> {
+        let skipped = self.store.skipped_ids(m.id).await?.into_iter().collect();
         let (from, to) = self.versions(m).await?;
         let settings = Self::settings_of(m)?;
         let worker_id = self.id;
@@ -390,6 +444,8 @@ impl Worker {
         let writer = self.writer_for(&settings, &rate, &counters);
         let shared = Arc::new(Shared {
             migration: m.id,
+            task,
+            skipped,
             epoch: m.epoch,
             from,
             to,
@@ -457,7 +513,7 @@ impl Worker {
             }
             let now = Instant::now();
             let m = self.store.migration(shared.migration).await?;
-            if m.phase() != Phase::Backfill || m.paused || m.failure_reason.is_some() {
+            if m.phase() != shared.task.phase() || m.paused || m.failure_reason.is_some() {
                 shared.runnable.store(false, Ordering::SeqCst);
             }
             let settings = Self::settings_of(&m)?;
@@ -585,6 +641,106 @@ impl Worker {
         }
     }
 
+    /// Cleanup's batch: deletes of the moved documents whose target holds a copy or a
+    /// tombstone. `Err(reason)` names a moved document the target does not hold: deleting it
+    /// would lose it, so cleanup stops there and nothing of the batch is deleted.
+    async fn prepare_cleanup(
+        &self,
+        shared: &Shared,
+        location: &Location,
+        docs: Vec<Document>,
+    ) -> Result<Result<PreparedBatch, String>, WorkerError> {
+        let (checkpoint, moved) =
+            cleanup_candidates(&shared.from, &shared.to, location, &shared.skipped, &docs);
+        let mut by_target: BTreeMap<Location, Vec<Bson>> = BTreeMap::new();
+        for (id, target) in &moved {
+            by_target
+                .entry(target.clone())
+                .or_default()
+                .push(id.clone());
+        }
+        let mut present: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+        for (target, wanted) in by_target {
+            let Some(db) = self.shards.get(&target.shard) else {
+                return Ok(Err(format!(
+                    "target shard {:?} has no connection",
+                    target.shard
+                )));
+            };
+            let found: Vec<Document> = match db
+                .collection::<Document>(&target.collection)
+                .find(doc! { "_id": { "$in": wanted } })
+                .projection(doc! { "_id": 1 })
+                .await
+            {
+                Ok(cursor) => match cursor.try_collect().await {
+                    Ok(found) => found,
+                    Err(e) => return Err(self.read_failure(shared, &target, e)),
+                },
+                Err(e) => return Err(self.read_failure(shared, &target, e)),
+            };
+            present.extend(found.iter().filter_map(|d| d.get("_id").map(ids::encode)));
+        }
+        let mut batch = PreparedBatch {
+            statements: Vec::new(),
+            kinds: Vec::new(),
+            ids: Vec::new(),
+            targets: Vec::new(),
+            checkpoint,
+        };
+        for (id, target) in moved {
+            if !present.contains(&ids::encode(&id)) {
+                return Ok(Err(format!(
+                    "cleanup stopped: _id {} at {location} is missing from its target {target}; \
+                     nothing of its batch was deleted (reconcile and repair, then resume)",
+                    ids::text(&id)
+                )));
+            }
+            batch
+                .statements
+                .push(Statement::delete(location.clone(), id.clone()));
+            batch.kinds.push(Kind::Delete);
+            batch.ids.push(id);
+            batch.targets.push(location.clone());
+        }
+        Ok(Ok(batch))
+    }
+
+    fn read_failure(
+        &self,
+        shared: &Shared,
+        at: &Location,
+        e: mongodb::error::Error,
+    ) -> WorkerError {
+        WorkerError::Invalid {
+            migration: shared.migration,
+            message: format!("reading {at}: {e}"),
+        }
+    }
+
+    /// Fails the migration with `reason` (an invariant would break); workers stop, the
+    /// operator decides.
+    async fn fail_migration(&self, shared: &Shared, reason: &str) -> Result<(), WorkerError> {
+        tracing::error!(migration = shared.migration, "{reason}");
+        shared.runnable.store(false, Ordering::SeqCst);
+        match self
+            .store
+            .transition(
+                shared.migration,
+                &crate::phase::Action::Fail(reason.to_owned()),
+                &self.config.actor,
+                None,
+                false,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Another worker failed it first.
+            Err(StoreError::Move(_)) | Err(StoreError::Lost(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Claims and works partitions one after another.
     async fn partition_loop(
         &self,
@@ -594,14 +750,20 @@ impl Worker {
         let mut failures = 0_u32;
         while shared.runnable.load(Ordering::SeqCst) && !*shutdown.borrow() {
             let token = Uuid::new_v4();
+            let waves = shared.settings.lock().unwrap().cleanup_waves;
+            let bound = self
+                .store
+                .claim_bound(shared.migration, shared.task, waves)
+                .await?;
             let Some(p) = self
                 .store
                 .claim_partition(
                     shared.migration,
-                    "backfill",
+                    shared.task.as_str(),
                     token,
                     &self.config.name,
                     self.config.lease_ttl,
+                    bound,
                 )
                 .await?
             else {
@@ -674,6 +836,8 @@ impl Worker {
             )));
         };
         let mut filter = match &p.tenant_filter {
+            // The revert copier reads what reshard wrote in a target location.
+            _ if shared.task == Task::Revert => doc! { crate::router::META: { "$exists": true } },
             Some(tenants) => {
                 let tenants: Vec<KeyValue> = serde_json::from_value(tenants.clone())
                     .map_err(|e| invalid(format!("tenant filter unreadable: {e}")))?;
@@ -739,7 +903,7 @@ impl Worker {
     ) -> Result<PartitionEnd, WorkerError> {
         let coll = db.collection::<Document>(&location.collection);
         let batch_size = shared.batch_size();
-        let mut cursor = match coll
+        let cursor = match coll
             .find(filter)
             .sort(doc! { "_id": 1 })
             .batch_size(batch_size.min(u32::MAX as usize) as u32)
@@ -748,16 +912,49 @@ impl Worker {
             Ok(c) => c,
             Err(e) => return Ok(PartitionEnd::Retry(format!("reading {location}: {e}"))),
         };
-        loop {
-            let batch_size = shared.batch_size();
-            let mut docs = Vec::with_capacity(batch_size);
-            while docs.len() < batch_size {
-                match cursor.try_next().await {
-                    Ok(Some(d)) => docs.push(d),
-                    Ok(None) => break,
-                    Err(e) => return Ok(PartitionEnd::Retry(format!("reading {location}: {e}"))),
+        // Read-ahead: the next batch is read while this one is written. One batch ahead at
+        // most, so memory stays at two batches per partition loop.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<Document>, String>>(1);
+        let reader = {
+            let shared = shared.clone();
+            let location = location.clone();
+            tokio::spawn(async move {
+                let mut cursor = cursor;
+                loop {
+                    let batch_size = shared.batch_size();
+                    let mut docs = Vec::with_capacity(batch_size);
+                    let mut failed = None;
+                    while docs.len() < batch_size {
+                        match cursor.try_next().await {
+                            Ok(Some(d)) => docs.push(d),
+                            Ok(None) => break,
+                            Err(e) => {
+                                failed = Some(format!("reading {location}: {e}"));
+                                break;
+                            }
+                        }
+                    }
+                    let end = docs.len() < batch_size || failed.is_some();
+                    if !docs.is_empty() && tx.send(Ok(docs)).await.is_err() {
+                        return;
+                    }
+                    if let Some(e) = failed {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                    if end {
+                        return;
+                    }
                 }
-            }
+            })
+        };
+        let _reader = AbortOnDrop(reader);
+        loop {
+            let docs = match rx.recv().await {
+                Some(Ok(docs)) => docs,
+                Some(Err(e)) => return Ok(PartitionEnd::Retry(e)),
+                None => Vec::new(),
+            };
             if docs.is_empty() {
                 return Ok(if self.store.finish_partition(p.id, token).await? {
                     PartitionEnd::Done
@@ -777,7 +974,20 @@ impl Worker {
                 .last()
                 .and_then(|d| d.get("_id").cloned())
                 .unwrap_or(Bson::Null);
-            let prepared = prepare_batch(&shared.from, &shared.to, location, shared.epoch, docs);
+            let prepared = match shared.task {
+                Task::Backfill => {
+                    prepare_batch(&shared.from, &shared.to, location, shared.epoch, docs)
+                }
+                Task::Revert => prepare_revert(&shared.from, &shared.to, location, docs),
+                Task::Cleanup => match self.prepare_cleanup(shared, location, docs).await? {
+                    Ok(prepared) => prepared,
+                    Err(missing) => {
+                        self.fail_migration(shared, &missing).await?;
+                        self.store.release_partition(p.id, token).await?;
+                        return Ok(PartitionEnd::Released);
+                    }
+                },
+            };
             let started = Instant::now();
             let report = shared
                 .writer()
@@ -805,7 +1015,11 @@ impl Worker {
             for (i, result) in report.results.iter().enumerate() {
                 match result {
                     StatementResult::Inserted => checkpoint.inserted += 1,
-                    StatementResult::Applied => checkpoint.stamped += 1,
+                    StatementResult::Applied => match prepared.kinds[i] {
+                        Kind::Stamp => checkpoint.stamped += 1,
+                        Kind::Delete => checkpoint.deleted += 1,
+                        Kind::Copy | Kind::Mirror => checkpoint.inserted += 1,
+                    },
                     StatementResult::AlreadyPresent | StatementResult::DroppedDuplicate { .. } => {
                         checkpoint.already_present += 1
                     }
@@ -865,6 +1079,15 @@ impl Worker {
     }
 }
 
+/// Aborts a task when dropped (a partition given up mid-way stops its reader).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Resolves once shutdown is asked for; never, when the sender is gone without asking.
 async fn stopped(mut shutdown: watch::Receiver<bool>) {
     loop {
@@ -877,12 +1100,28 @@ async fn stopped(mut shutdown: watch::Receiver<bool>) {
     }
 }
 
+/// What a statement of a batch does, for the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Insert a copy into the target (inserted / already present).
+    Copy,
+    /// Stamp the routing field on a document that stays (stamped).
+    Stamp,
+    /// Delete a moved document from the source (cleanup: deleted).
+    Delete,
+    /// Carry a target document back to the source by revision (revert: inserted / already
+    /// present when the source is as new).
+    Mirror,
+}
+
 /// A batch ready to write: the statements, the id and target of each, and what was settled
 /// without writing (documents that stay without stamping, foreign documents, documents that
 /// cannot be routed).
 #[derive(Debug)]
 pub struct PreparedBatch {
     pub statements: Vec<Statement>,
+    /// What each statement is, for the ledger.
+    pub kinds: Vec<Kind>,
     pub ids: Vec<Bson>,
     pub targets: Vec<Location>,
     pub checkpoint: Checkpoint,
@@ -906,6 +1145,7 @@ pub fn prepare_batch(
 ) -> PreparedBatch {
     let mut batch = PreparedBatch {
         statements: Vec::new(),
+        kinds: Vec::new(),
         ids: Vec::new(),
         targets: Vec::new(),
         checkpoint: Checkpoint::default(),
@@ -950,6 +1190,7 @@ pub fn prepare_batch(
                         set,
                         false,
                     ));
+                    batch.kinds.push(Kind::Stamp);
                     batch.ids.push(id);
                     batch.targets.push(target_location);
                 }
@@ -963,10 +1204,120 @@ pub fn prepare_batch(
             id.clone(),
             crate::copy::WriteOp::Insert(copy),
         ));
+        batch.kinds.push(Kind::Copy);
         batch.ids.push(id);
         batch.targets.push(target_location);
     }
     batch
+}
+
+/// The revert copier's batch: what reshard wrote at target location `location` goes back to
+/// the source. A pristine copy needs nothing (the source holds the original); a document the
+/// application wrote, or a tombstone, replaces the source document when it is newer by
+/// revision (a router mirroring the same write may have been first). Pure.
+pub fn prepare_revert(
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+    location: &Location,
+    docs: Vec<Document>,
+) -> PreparedBatch {
+    let meta = crate::router::META;
+    let mut batch = PreparedBatch {
+        statements: Vec::new(),
+        kinds: Vec::new(),
+        ids: Vec::new(),
+        targets: Vec::new(),
+        checkpoint: Checkpoint::default(),
+    };
+    for mut doc in docs {
+        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        let routed = (|| {
+            let tenant = KeyValue::from_bson(doc.get(&to.tenant_key)?).ok()?;
+            let key = KeyValue::from_bson(doc.get(&to.id_field)?).ok()?;
+            Some((
+                to.locate(&tenant, &key).ok()?,
+                from.locate(&tenant, &key).ok()?,
+            ))
+        })();
+        let Some((target, source)) = routed else {
+            batch.checkpoint.skipped_foreign += 1;
+            continue;
+        };
+        if !target.locations.contains(location) {
+            batch.checkpoint.skipped_foreign += 1;
+            continue;
+        }
+        batch.checkpoint.scanned += 1;
+        let src = doc
+            .get_document(meta)
+            .ok()
+            .and_then(|m| m.get_str("src").ok().map(str::to_owned));
+        if src.as_deref() == Some("copy") && !is_tombstone(&doc) {
+            batch.checkpoint.already_present += 1;
+            continue;
+        }
+        let rev = crate::router::revision(&doc);
+        if let Some(field) = to.routing_field() {
+            doc.remove(field);
+        }
+        if let Some(field) = from.routing_field() {
+            doc.insert(field, source.sub_bucket as i32);
+        }
+        let filter = doc! { "_id": id.clone(), format!("{meta}.rev"): { "$not": { "$gte": rev } } };
+        let back = source.locations[0].clone();
+        batch.statements.push(Statement::new(
+            back.clone(),
+            id.clone(),
+            crate::copy::WriteOp::Update {
+                filter,
+                update: crate::copy::writer::Modification::Document(doc),
+                upsert: true,
+            },
+        ));
+        batch.kinds.push(Kind::Mirror);
+        batch.ids.push(id);
+        batch.targets.push(back);
+    }
+    batch
+}
+
+/// Cleanup's decision for the documents of one batch, before the target is consulted: which
+/// are source documents that moved (and where to), and what is settled without a lookup
+/// (documents that never move are kept; skipped dead letters are kept; foreign documents are
+/// outside the ledger). Pure.
+pub fn cleanup_candidates(
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+    location: &Location,
+    skipped: &std::collections::HashSet<String>,
+    docs: &[Document],
+) -> (Checkpoint, Vec<(Bson, Location)>) {
+    let mut checkpoint = Checkpoint::default();
+    let mut moved = Vec::new();
+    for doc in docs {
+        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        if is_tombstone(doc) {
+            checkpoint.skipped_foreign += 1;
+            continue;
+        }
+        let Ok((source_here, (target, _))) = route(from, to, doc) else {
+            // It could not be routed, so it was never copied: it stays.
+            checkpoint.scanned += 1;
+            checkpoint.kept += 1;
+            continue;
+        };
+        if !source_here.contains(location) {
+            checkpoint.skipped_foreign += 1;
+            continue;
+        }
+        checkpoint.scanned += 1;
+        if &target == location || skipped.contains(&ids::text(&id)) {
+            checkpoint.kept += 1;
+            continue;
+        }
+        moved.push((id, target));
+    }
+    (checkpoint, moved)
 }
 
 type Routed = (Vec<Location>, (Location, crate::routing::Located));

@@ -77,34 +77,69 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             timeout,
             switch_timeout,
         } => {
-            let current = ctx.store.migration(id).await?;
-            if current.phase() == Phase::Planned && to == Phase::DualRead {
-                prepare(ctx, &current, dry_run).await?;
-            }
-            let t = ctx
-                .store
-                .transition(
-                    id,
-                    &Action::Advance(to),
-                    &ctx.actor,
-                    reason.as_deref(),
-                    dry_run,
-                )
-                .await?;
-            let mut moves = Moves::new(ctx, dry_run);
-            moves.record(&t);
-            if dry_run || !t.change.from.phase.changes_router_behaviour(to) {
-                return moves.finish(Ok(()));
-            }
-            let (switch_timeout, timeout) = (
-                Duration::from_secs(switch_timeout),
-                Duration::from_secs(timeout),
-            );
-            let result = if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) {
-                write_switch(ctx, &mut moves, &t, switch_timeout, timeout).await
-            } else {
-                barrier(ctx, &t.migration, timeout).await
+            let steps = Steps {
+                dry_run,
+                reason,
+                timeout: Duration::from_secs(timeout),
+                switch_timeout: Duration::from_secs(switch_timeout),
             };
+            let mut moves = Moves::new(ctx, dry_run);
+            let result = advance(ctx, &mut moves, id, to, &steps).await;
+            moves.finish(result)
+        }
+        MigrationCommand::Rollback {
+            id,
+            dry_run,
+            reason,
+            timeout,
+            switch_timeout,
+        } => {
+            let m = ctx.store.migration(id).await?;
+            let path: &[Phase] = match m.phase() {
+                Phase::Planned => &[Phase::RolledBack],
+                Phase::DualRead => &[Phase::Planned],
+                Phase::WriteSwitch => &[Phase::DualRead, Phase::Planned],
+                Phase::NewWrites | Phase::Backfill | Phase::Reconcile | Phase::NewReads => {
+                    &[Phase::Reverting]
+                }
+                Phase::Cleanup | Phase::Completed => {
+                    return Err(Error::bad_input(format!(
+                        "migration {id} is in {}: cleanup has deleted moved documents from the \
+                         source, so a rollback would lose them; it is refused",
+                        m.phase()
+                    )))
+                }
+                Phase::Reverting | Phase::RevertSwitch | Phase::RolledBack => {
+                    return Err(Error::bad_input(format!(
+                        "migration {id} is already rolling back ({}); continue with \
+                         `reshard migration advance {id} --to {}`",
+                        m.phase(),
+                        m.phase().next().first().map_or("-", |p| p.as_str())
+                    )))
+                }
+            };
+            let steps = Steps {
+                dry_run,
+                reason,
+                timeout: Duration::from_secs(timeout),
+                switch_timeout: Duration::from_secs(switch_timeout),
+            };
+            let mut moves = Moves::new(ctx, dry_run);
+            let mut result = Ok(());
+            for to in path {
+                result = advance(ctx, &mut moves, id, *to, &steps).await;
+                if result.is_err() || dry_run {
+                    break;
+                }
+            }
+            if result.is_ok() && !dry_run && path.last() == Some(&Phase::Reverting) {
+                eprintln!(
+                    "migration {id} is reverting: routers mirror their writes to the source; \
+                     run `reshard worker --migration {id} --exit-when-done` to copy the \
+                     application's writes back, then `reshard migration advance {id} --to \
+                     revert_switch` and `--to rolled_back`"
+                );
+            }
             moves.finish(result)
         }
         MigrationCommand::Pause { id, reason } => {
@@ -120,6 +155,60 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                 .transition(id, &Action::Resume, &ctx.actor, reason.as_deref(), false)
                 .await?;
             report(ctx, &t, false)
+        }
+        MigrationCommand::Configure {
+            id,
+            max_missing,
+            max_mismatched,
+            max_misplaced,
+            cleanup_waves,
+            drop_empty_source,
+            reason,
+        } => {
+            let waves = match cleanup_waves {
+                Some(w) => Some(<[f64; 3]>::try_from(w).map_err(|w| {
+                    Error::bad_input(format!(
+                        "--cleanup-waves: give three percentages, not {}",
+                        w.len()
+                    ))
+                })?),
+                None => None,
+            };
+            let (before, after) = ctx
+                .store
+                .update_settings(
+                    id,
+                    |s| {
+                        if let Some(v) = max_missing {
+                            s.max_missing = v;
+                        }
+                        if let Some(v) = max_mismatched {
+                            s.max_mismatched = v;
+                        }
+                        if let Some(v) = max_misplaced {
+                            s.max_misplaced = v;
+                        }
+                        if let Some(v) = waves {
+                            s.cleanup_waves = v;
+                        }
+                        if let Some(v) = drop_empty_source {
+                            s.drop_empty_source = v;
+                        }
+                    },
+                    &ctx.actor,
+                    reason.as_deref(),
+                )
+                .await?;
+            let value = json!({ "migration": id, "before": before, "after": after });
+            output::emit(ctx.output, &value, || {
+                output::fields(&[
+                    ("max missing", after.max_missing.to_string()),
+                    ("max mismatched", after.max_mismatched.to_string()),
+                    ("max misplaced", after.max_misplaced.to_string()),
+                    ("cleanup waves", format!("{:?} %", after.cleanup_waves)),
+                    ("drop empty source", after.drop_empty_source.to_string()),
+                ])
+            })
         }
         MigrationCommand::Status {
             id,
@@ -180,6 +269,106 @@ fn show(m: &Migration) {
     ]);
 }
 
+/// How `advance` and `rollback` move.
+struct Steps {
+    dry_run: bool,
+    reason: Option<String>,
+    timeout: Duration,
+    switch_timeout: Duration,
+}
+
+/// One move with everything around it: preparation before `dual_read`, the router barrier or
+/// the write switch, and the final steps of `completed`, `rolled_back` and a return to
+/// `planned`.
+async fn advance(
+    ctx: &Ctx,
+    moves: &mut Moves<'_>,
+    id: i64,
+    to: Phase,
+    steps: &Steps,
+) -> Result<()> {
+    let current = ctx.store.migration(id).await?;
+    if current.phase() == Phase::Planned && to == Phase::DualRead {
+        prepare(ctx, &current, steps.dry_run).await?;
+    }
+    let t = ctx
+        .store
+        .transition(
+            id,
+            &Action::Advance(to),
+            &ctx.actor,
+            steps.reason.as_deref(),
+            steps.dry_run,
+        )
+        .await?;
+    moves.record(&t);
+    if steps.dry_run {
+        return Ok(());
+    }
+    if t.change.from.phase.changes_router_behaviour(to) {
+        if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) {
+            write_switch(ctx, moves, &t, steps.switch_timeout, steps.timeout).await?;
+        } else {
+            barrier(ctx, &t.migration, steps.timeout).await?;
+        }
+    }
+    if matches!(to, Phase::Completed | Phase::RolledBack | Phase::Planned) {
+        // Nothing may be purged or dropped while a router could still act on the old phase.
+        barrier(ctx, &t.migration, steps.timeout).await?;
+        finish(ctx, &t.migration, to).await?;
+    }
+    Ok(())
+}
+
+/// Purges after `completed`; removes the target layout after a rollback.
+async fn finish(ctx: &Ctx, m: &Migration, to: Phase) -> Result<()> {
+    let from = ctx
+        .store
+        .version(&m.collection, Some(m.from_version))
+        .await?
+        .version;
+    let target = ctx
+        .store
+        .version(&m.collection, Some(m.to_version))
+        .await?
+        .version;
+    let shards = shard_databases(ctx).await?;
+    let failed =
+        |e: crate::finish::FinishError| Error::failed(crate::redact::redact_uri(&e.to_string()));
+    let (kind, details) = if to == Phase::Completed {
+        let settings =
+            crate::settings::MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
+        let d = crate::finish::purge_completed(&from, &target, &shards, settings.drop_empty_source)
+            .await
+            .map_err(failed)?;
+        ctx.store.mark_tombstones_purged(m.id).await?;
+        ("tombstones_purged", d)
+    } else {
+        let d = crate::finish::remove_target_layout(&from, &target, &shards)
+            .await
+            .map_err(failed)?;
+        ("target_removed", d)
+    };
+    ctx.store
+        .record_event(m.id, &ctx.actor, kind, None, details.clone())
+        .await?;
+    eprintln!("migration {}: {kind}: {details}", m.id);
+    Ok(())
+}
+
+async fn shard_databases(
+    ctx: &Ctx,
+) -> Result<std::collections::BTreeMap<String, mongodb::Database>> {
+    let mut shards = std::collections::BTreeMap::new();
+    for shard in ctx.store.shards().await? {
+        let client = crate::mongo::client(shard.uri.expose())
+            .await
+            .map_err(|e| Error::bad_input(e.to_string()))?;
+        shards.insert(shard.name.clone(), client.database(&shard.database));
+    }
+    Ok(shards)
+}
+
 /// Creates the target collections and indexes before routers start reading the target.
 async fn prepare(ctx: &Ctx, m: &Migration, dry_run: bool) -> Result<()> {
     let from = ctx
@@ -192,13 +381,7 @@ async fn prepare(ctx: &Ctx, m: &Migration, dry_run: bool) -> Result<()> {
         .version(&m.collection, Some(m.to_version))
         .await?
         .version;
-    let mut shards = std::collections::BTreeMap::new();
-    for shard in ctx.store.shards().await? {
-        let client = crate::mongo::client(shard.uri.expose())
-            .await
-            .map_err(|e| Error::bad_input(e.to_string()))?;
-        shards.insert(shard.name.clone(), client.database(&shard.database));
-    }
+    let shards = shard_databases(ctx).await?;
     let done = crate::prepare::prepare(&from, &to, &shards, dry_run)
         .await
         .map_err(|e| Error::failed(crate::redact::redact_uri(&e.to_string())))?;

@@ -4,6 +4,7 @@
 mod db;
 mod deadletter;
 mod migration;
+mod reconcile;
 mod route;
 mod routers;
 mod shard;
@@ -37,6 +38,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Worker(args) => worker::run(&ctx(url, output, actor).await?, args).await,
         Command::Throttle(cmd) => throttle::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Deadletter(cmd) => deadletter::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Reconcile(args) => reconcile::run(&ctx(url, output, actor).await?, args).await,
+        Command::Repair { id, run } => {
+            reconcile::repair(&ctx(url, output, actor).await?, id, run).await
+        }
     }
 }
 

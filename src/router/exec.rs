@@ -319,6 +319,11 @@ pub fn strip_metadata(mut doc: Document) -> Document {
     doc
 }
 
+/// The name of reshard's metadata field (`_reshard`).
+pub fn exec_meta() -> &'static str {
+    META
+}
+
 /// The copy of a source document that the backfill (or a copy-on-write) puts in the target:
 /// the source document with the target's routing field and `_reshard: {src: "copy", epoch,
 /// rev: 0}`. Inserted only if absent, so it never overwrites what the application wrote.

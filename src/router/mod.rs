@@ -57,7 +57,7 @@ use crate::routing::{KeyValue, RoutingError, RoutingVersion};
 use crate::store::routers::Heartbeat;
 use crate::store::{Store, StoreError, CHANNEL};
 
-pub use exec::{copy_document, is_duplicate_key, is_tombstone, revision};
+pub use exec::{copy_document, exec_meta, is_duplicate_key, is_tombstone, revision, META};
 pub use list::Page;
 use stats::OperationStats;
 

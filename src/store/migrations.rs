@@ -24,6 +24,7 @@ pub struct Migration {
     pub backfill_completed_at: Option<DateTime<Utc>>,
     pub cleanup_planned_at: Option<DateTime<Utc>>,
     pub revert_planned_at: Option<DateTime<Utc>>,
+    pub tombstones_purged_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -92,7 +93,7 @@ pub struct Transition {
 pub(super) const MIGRATION_COLUMNS: &str =
     "id, collection, from_version, to_version, phase, epoch, paused,
     failure_reason, settings, backfill_planned_at, backfill_completed_at, cleanup_planned_at,
-    revert_planned_at, created_at, updated_at, finished_at";
+    revert_planned_at, tombstones_purged_at, created_at, updated_at, finished_at";
 
 impl Store {
     /// Plans a migration of `collection` from version `from` to version `to`. Refused while the
@@ -338,4 +339,15 @@ async fn notify(conn: &mut sqlx::PgConnection, migration: &Migration) -> StoreRe
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// A migration read inside a transaction.
+pub(super) async fn migration_in(conn: &mut sqlx::PgConnection, id: i64) -> StoreResult<Migration> {
+    sqlx::query_as(&format!(
+        "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or_else(|| StoreError::NotFound(format!("no migration with id {id}")))
 }

@@ -7,6 +7,7 @@
 mod gates;
 pub mod migrations;
 pub mod partitions;
+pub mod reconcile;
 pub mod routers;
 pub mod shards;
 pub mod versions;

@@ -13,6 +13,62 @@ use uuid::Uuid;
 use super::migrations::{insert_event, Migration, MIGRATION_COLUMNS};
 use super::{Store, StoreError, StoreResult};
 
+/// The work a partition stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Task {
+    /// Copy source documents to the target.
+    Backfill,
+    /// Delete moved documents from the source.
+    Cleanup,
+    /// Carry the application's target writes back to the source (rollback).
+    Revert,
+}
+
+impl Task {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Task::Backfill => "backfill",
+            Task::Cleanup => "cleanup",
+            Task::Revert => "revert",
+        }
+    }
+
+    /// The phase in which the task runs.
+    pub fn phase(self) -> crate::phase::Phase {
+        match self {
+            Task::Backfill => crate::phase::Phase::Backfill,
+            Task::Cleanup => crate::phase::Phase::Cleanup,
+            Task::Revert => crate::phase::Phase::Reverting,
+        }
+    }
+
+    /// The task of a phase, if workers have one there.
+    pub fn of(phase: crate::phase::Phase) -> Option<Task> {
+        match phase {
+            crate::phase::Phase::Backfill => Some(Task::Backfill),
+            crate::phase::Phase::Cleanup => Some(Task::Cleanup),
+            crate::phase::Phase::Reverting => Some(Task::Revert),
+            _ => None,
+        }
+    }
+}
+
+/// The highest id claimable under cleanup waves, given `(id, done)` in id order (see
+/// [`Store::claim_bound`]).
+pub fn wave_bound(rows: &[(i64, bool)], waves: [f64; 3]) -> Option<i64> {
+    if rows.is_empty() {
+        return None;
+    }
+    for wave in waves {
+        let allowed = ((rows.len() as f64) * wave / 100.0).ceil().max(1.0) as usize;
+        let allowed = allowed.min(rows.len());
+        if rows[..allowed].iter().any(|(_, done)| !done) {
+            return Some(rows[allowed - 1].0);
+        }
+    }
+    Some(rows[rows.len() - 1].0)
+}
+
 /// One partition as planned: an `_id` range of one BSON type bracket on one source location.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewPartition {
@@ -56,6 +112,8 @@ pub struct Partition {
     pub stamped: i64,
     pub dead_lettered: i64,
     pub skipped_foreign: i64,
+    pub deleted: i64,
+    pub kept: i64,
     pub approx_documents: Option<i64>,
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
@@ -66,7 +124,7 @@ pub struct Partition {
 const PARTITION_COLUMNS: &str = "id, migration_id, task, source_shard, source_collection, id_type,
     lower_bound, upper_bound, tenant_filter, state, lease_token, lease_owner, lease_expires_at,
     last_id, scanned, inserted, already_present, stamped, dead_lettered, skipped_foreign,
-    approx_documents, attempts, created_at, started_at, finished_at";
+    deleted, kept, approx_documents, attempts, created_at, started_at, finished_at";
 
 /// What one batch added to a partition, stored with its checkpoint.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -79,6 +137,10 @@ pub struct Checkpoint {
     pub stamped: i64,
     pub dead_lettered: i64,
     pub skipped_foreign: i64,
+    /// Cleanup: source documents deleted (their target copy or tombstone was there).
+    pub deleted: i64,
+    /// Cleanup: source documents that never moved, left in place.
+    pub kept: i64,
     pub dead_letters: Vec<NewDeadLetter>,
 }
 
@@ -133,6 +195,8 @@ pub struct TaskTotals {
     pub stamped: i64,
     pub dead_lettered: i64,
     pub skipped_foreign: i64,
+    pub deleted: i64,
+    pub kept: i64,
     pub approx_documents: i64,
 }
 
@@ -147,6 +211,21 @@ impl Store {
         actor: &str,
         details: serde_json::Value,
     ) -> StoreResult<bool> {
+        self.store_plan(migration_id, Task::Backfill, partitions, actor, details)
+            .await
+    }
+
+    /// Stores the partitions of a task, once (see [`Store::store_backfill_plan`]). Cleanup
+    /// partitions are the backfill's: `partitions` is ignored and the backfill's ranges are
+    /// copied, so cleanup reads exactly what backfill read.
+    pub async fn store_plan(
+        &self,
+        migration_id: i64,
+        task: Task,
+        partitions: &[NewPartition],
+        actor: &str,
+        details: serde_json::Value,
+    ) -> StoreResult<bool> {
         let mut tx = self.pool().begin().await?;
         let migration: Migration = sqlx::query_as(&format!(
             "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1 FOR UPDATE"
@@ -155,22 +234,42 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("no migration with id {migration_id}")))?;
-        if migration.backfill_planned_at.is_some() {
+        let planned = match task {
+            Task::Backfill => migration.backfill_planned_at,
+            Task::Cleanup => migration.cleanup_planned_at,
+            Task::Revert => migration.revert_planned_at,
+        };
+        if planned.is_some() {
             return Ok(false);
         }
-        if migration.phase() != crate::phase::Phase::Backfill {
+        if migration.phase() != task.phase() {
             return Err(StoreError::Conflict(format!(
-                "migration {migration_id} is in {}, not backfill; its backfill cannot be planned",
-                migration.phase()
+                "migration {migration_id} is in {}, not {}; its {} cannot be planned",
+                migration.phase(),
+                task.phase(),
+                task.as_str()
             )));
         }
-        for p in partitions {
+        if task == Task::Cleanup {
             sqlx::query(
                 "INSERT INTO partitions (migration_id, task, source_shard, source_collection,
                      id_type, lower_bound, upper_bound, tenant_filter, approx_documents)
-                 VALUES ($1, 'backfill', $2, $3, $4, $5, $6, $7, $8)",
+                 SELECT migration_id, 'cleanup', source_shard, source_collection, id_type,
+                        lower_bound, upper_bound, tenant_filter, scanned
+                 FROM partitions WHERE migration_id = $1 AND task = 'backfill' ORDER BY id",
             )
             .bind(migration_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for p in partitions.iter().filter(|_| task != Task::Cleanup) {
+            sqlx::query(
+                "INSERT INTO partitions (migration_id, task, source_shard, source_collection,
+                     id_type, lower_bound, upper_bound, tenant_filter, approx_documents)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(migration_id)
+            .bind(task.as_str())
             .bind(&p.source_shard)
             .bind(&p.source_collection)
             .bind(&p.id_type)
@@ -181,15 +280,18 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        sqlx::query("UPDATE migrations SET backfill_planned_at = now() WHERE id = $1")
-            .bind(migration_id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(&format!(
+            "UPDATE migrations SET {}_planned_at = now() WHERE id = $1",
+            task.as_str()
+        ))
+        .bind(migration_id)
+        .execute(&mut *tx)
+        .await?;
         insert_event(
             &mut tx,
             &migration,
             actor,
-            "backfill_planned",
+            &format!("{}_planned", task.as_str()),
             None,
             None,
             None,
@@ -200,6 +302,27 @@ impl Store {
         Ok(true)
     }
 
+    /// The highest partition id of `task` a worker may claim now. Cleanup goes in waves: the
+    /// first `waves[0]` percent of its partitions, then up to `waves[1]` once those are done,
+    /// then all; other tasks are not limited (`None`).
+    pub async fn claim_bound(
+        &self,
+        migration_id: i64,
+        task: Task,
+        waves: [f64; 3],
+    ) -> StoreResult<Option<i64>> {
+        if task != Task::Cleanup {
+            return Ok(None);
+        }
+        let rows: Vec<(i64, bool)> = sqlx::query_as(
+            "SELECT id, state = 'done' FROM partitions
+             WHERE migration_id = $1 AND task = 'cleanup' ORDER BY id",
+        )
+        .bind(migration_id)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(wave_bound(&rows, waves))
+    }
     /// Claims one pending partition of `task` (or one whose lease expired) with a fresh lease.
     /// Concurrent claimers skip each other's locked rows, so each partition goes to one.
     pub async fn claim_partition(
@@ -209,6 +332,7 @@ impl Store {
         token: Uuid,
         owner: &str,
         ttl: std::time::Duration,
+        up_to: Option<i64>,
     ) -> StoreResult<Option<Partition>> {
         Ok(sqlx::query_as(&format!(
             "UPDATE partitions SET state = 'leased', lease_token = $3, lease_owner = $4,
@@ -218,6 +342,7 @@ impl Store {
                  SELECT id FROM partitions
                  WHERE migration_id = $1 AND task = $2
                    AND (state = 'pending' OR (state = 'leased' AND lease_expires_at < now()))
+                   AND ($6::bigint IS NULL OR id <= $6)
                  ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
              RETURNING {PARTITION_COLUMNS}"
         ))
@@ -226,6 +351,7 @@ impl Store {
         .bind(token)
         .bind(owner)
         .bind(ttl.as_secs_f64())
+        .bind(up_to)
         .fetch_optional(self.pool())
         .await?)
     }
@@ -263,7 +389,8 @@ impl Store {
             "UPDATE partitions SET last_id = $3, scanned = scanned + $4, inserted = inserted + $5,
                  already_present = already_present + $6, stamped = stamped + $7,
                  dead_lettered = dead_lettered + $8, skipped_foreign = skipped_foreign + $9,
-                 lease_expires_at = now() + make_interval(secs => $10)
+                 lease_expires_at = now() + make_interval(secs => $10),
+                 deleted = deleted + $11, kept = kept + $12
              WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
         )
         .bind(partition.id)
@@ -276,6 +403,8 @@ impl Store {
         .bind(batch.dead_lettered)
         .bind(batch.skipped_foreign)
         .bind(ttl.as_secs_f64())
+        .bind(batch.deleted)
+        .bind(batch.kept)
         .execute(&mut *tx)
         .await?;
         if r.rows_affected() != 1 {
@@ -369,6 +498,8 @@ impl Store {
                     coalesce(sum(stamped), 0)::bigint AS stamped,
                     coalesce(sum(dead_lettered), 0)::bigint AS dead_lettered,
                     coalesce(sum(skipped_foreign), 0)::bigint AS skipped_foreign,
+                    coalesce(sum(deleted), 0)::bigint AS deleted,
+                    coalesce(sum(kept), 0)::bigint AS kept,
                     coalesce(sum(approx_documents), 0)::bigint AS approx_documents
              FROM partitions WHERE migration_id = $1 AND task = $2",
         )
@@ -431,7 +562,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        let migration = self.migration_in(&mut tx, letter.migration_id).await?;
+        let migration = super::migrations::migration_in(&mut tx, letter.migration_id).await?;
         insert_event(
             &mut tx,
             &migration,
@@ -495,7 +626,7 @@ impl Store {
                  (see `reshard deadletter list {migration_id}`)"
             )));
         }
-        let migration = self.migration_in(&mut tx, migration_id).await?;
+        let migration = super::migrations::migration_in(&mut tx, migration_id).await?;
         insert_event(
             &mut tx,
             &migration,
@@ -513,14 +644,28 @@ impl Store {
         tx.commit().await?;
         Ok(skipped)
     }
+}
 
-    async fn migration_in(&self, conn: &mut sqlx::PgConnection, id: i64) -> StoreResult<Migration> {
-        sqlx::query_as(&format!(
-            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(conn)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {id}")))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cleanup_waves_open_one_after_another() {
+        let waves = [1.0, 10.0, 100.0];
+        let rows = |done: usize| -> Vec<(i64, bool)> {
+            (1..=200).map(|i| (i, (i as usize) <= done)).collect()
+        };
+        // 1% of 200 = 2 partitions first.
+        assert_eq!(wave_bound(&rows(0), waves), Some(2));
+        assert_eq!(wave_bound(&rows(1), waves), Some(2));
+        // Then up to 10% = 20.
+        assert_eq!(wave_bound(&rows(2), waves), Some(20));
+        assert_eq!(wave_bound(&rows(19), waves), Some(20));
+        // Then everything.
+        assert_eq!(wave_bound(&rows(20), waves), Some(200));
+        // A tiny plan still starts with one partition.
+        assert_eq!(wave_bound(&[(7, false), (9, false)], waves), Some(7));
+        assert_eq!(wave_bound(&[], waves), None);
     }
 }

@@ -192,6 +192,15 @@ impl Store {
         Ok((before, after))
     }
 
+    /// Notes that the target's tombstones were purged after `completed`.
+    pub async fn mark_tombstones_purged(&self, migration_id: i64) -> StoreResult<()> {
+        sqlx::query("UPDATE migrations SET tombstones_purged_at = now() WHERE id = $1")
+            .bind(migration_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
     /// Appends an event that is not a phase change (rate cuts, capacity signals, ...).
     pub async fn record_event(
         &self,

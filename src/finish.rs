@@ -1,0 +1,147 @@
+//! The last steps of a migration's two endings, run by the driver once every live router
+//! acknowledged the final phase:
+//!
+//! - `completed`: purge the target's tombstones (nothing can copy or mirror an old version of
+//!   an id any more, and no router writes tombstones), then drop source collections cleanup
+//!   emptied, when the migration says so;
+//! - `rolled_back` (or back to `planned` before any target write): remove the target layout —
+//!   drop collections only the target uses, delete from shared collections what only the
+//!   target version places there — and purge the source's tombstones (mirrored deletes).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::TryStreamExt;
+use mongodb::bson::{doc, Document};
+use mongodb::Database;
+use serde_json::json;
+
+use crate::router::META;
+use crate::routing::{KeyValue, Location, RoutingVersion};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{location}: {source}")]
+pub struct FinishError {
+    pub location: Location,
+    #[source]
+    pub source: mongodb::error::Error,
+}
+
+fn at(location: &Location) -> impl Fn(mongodb::error::Error) -> FinishError + '_ {
+    move |source| FinishError {
+        location: location.clone(),
+        source,
+    }
+}
+
+fn tombstones() -> Document {
+    doc! { format!("{META}.deleted"): true }
+}
+
+/// After `completed`: purges target tombstones; drops emptied source collections when
+/// `drop_empty_source`. Returns what it did.
+pub async fn purge_completed(
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+    shards: &BTreeMap<String, Database>,
+    drop_empty_source: bool,
+) -> Result<serde_json::Value, FinishError> {
+    let targets: BTreeSet<Location> = to.locations().into_iter().collect();
+    let mut purged = BTreeMap::new();
+    for t in &targets {
+        let Some(db) = shards.get(&t.shard) else {
+            continue;
+        };
+        let r = db
+            .collection::<Document>(&t.collection)
+            .delete_many(tombstones())
+            .await
+            .map_err(at(t))?;
+        purged.insert(t.to_string(), r.deleted_count);
+    }
+    let mut dropped = Vec::new();
+    let mut kept = BTreeMap::new();
+    for s in from
+        .locations()
+        .into_iter()
+        .filter(|s| !targets.contains(s))
+    {
+        let Some(db) = shards.get(&s.shard) else {
+            continue;
+        };
+        let coll = db.collection::<Document>(&s.collection);
+        let left = coll.count_documents(doc! {}).await.map_err(at(&s))?;
+        if left == 0 && drop_empty_source {
+            coll.drop().await.map_err(at(&s))?;
+            dropped.push(s.to_string());
+        } else {
+            kept.insert(s.to_string(), left);
+        }
+    }
+    Ok(json!({ "tombstones_purged": purged, "dropped": dropped, "source_documents_left": kept }))
+}
+
+/// After a rollback: removes the target layout and purges the source's tombstones.
+pub async fn remove_target_layout(
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+    shards: &BTreeMap<String, Database>,
+) -> Result<serde_json::Value, FinishError> {
+    let sources: BTreeSet<Location> = from.locations().into_iter().collect();
+    let mut dropped = Vec::new();
+    let mut removed = BTreeMap::new();
+    for t in to.locations() {
+        let Some(db) = shards.get(&t.shard) else {
+            continue;
+        };
+        let coll = db.collection::<Document>(&t.collection);
+        if !sources.contains(&t) {
+            coll.drop().await.map_err(at(&t))?;
+            dropped.push(t.to_string());
+            continue;
+        }
+        // A shared collection: remove what reshard wrote there for the target only.
+        let mut cursor = coll
+            .find(doc! { META: { "$exists": true } })
+            .projection(doc! { "_id": 1, &from.tenant_key: 1, &from.id_field: 1 })
+            .await
+            .map_err(at(&t))?;
+        let mut foreign = Vec::new();
+        while let Some(d) = cursor.try_next().await.map_err(at(&t))? {
+            let placed_here = (|| {
+                let tenant = KeyValue::from_bson(d.get(&from.tenant_key)?).ok()?;
+                let id = KeyValue::from_bson(d.get(&from.id_field)?).ok()?;
+                Some(from.locate(&tenant, &id).ok()?.locations.contains(&t))
+            })()
+            .unwrap_or(false);
+            if !placed_here {
+                foreign.extend(d.get("_id").cloned());
+            }
+        }
+        let mut n = 0;
+        for chunk in foreign.chunks(1_000) {
+            n += coll
+                .delete_many(doc! { "_id": { "$in": chunk.to_vec() } })
+                .await
+                .map_err(at(&t))?
+                .deleted_count;
+        }
+        removed.insert(t.to_string(), n);
+    }
+    let mut purged = BTreeMap::new();
+    for s in &sources {
+        let Some(db) = shards.get(&s.shard) else {
+            continue;
+        };
+        let r = db
+            .collection::<Document>(&s.collection)
+            .delete_many(tombstones())
+            .await
+            .map_err(at(s))?;
+        purged.insert(s.to_string(), r.deleted_count);
+    }
+    Ok(json!({
+        "dropped": dropped,
+        "removed_from_shared": removed,
+        "source_tombstones_purged": purged,
+    }))
+}

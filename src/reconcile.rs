@@ -1,0 +1,898 @@
+//! Reconciliation: evidence that the target holds everything the source held (DESIGN.md
+//! "Reconciliation"), and repair of what it finds.
+//!
+//! A run checks, per source location in the backfill's scope:
+//! - completeness: a fresh count of each backfill partition equals its ledger (skipped where
+//!   the source collection is also a target location and still receives writes; the presence
+//!   checks carry completeness there);
+//! - presence and content of sampled (or, with `full`, all) source documents: a moved
+//!   document exists at the location the target version computes, as a document or a
+//!   tombstone; a pristine copy (`_reshard.src = "copy"`) equals its source apart from the
+//!   routing fields and `_reshard`; an application-written one is counted as superseded;
+//!   a document that stays has the target's routing field;
+//! - placement: sampled target documents sit where the target version puts them.
+//!
+//! Samples are stratified (by source shard, tenant, or target bucket) so a small hot tenant is
+//! not missed: with k clean samples in a stratum its defect rate is below 3/k at 95%
+//! confidence (the rule of three). Findings are checked again after a short delay and only
+//! the ones that persist are reported, so a write in flight is not a false alarm.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use futures::TryStreamExt;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::Database;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::backfill::{ids, plan};
+use crate::router::{copy_document, is_tombstone};
+use crate::routing::{KeyValue, Location, MoveScope, RoutingVersion};
+use crate::settings::MigrationSettings;
+use crate::store::reconcile::NewFinding;
+use crate::throttle::AdaptiveRate;
+
+/// How samples are grouped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stratify {
+    /// Per source location.
+    Shard,
+    /// Per tenant (the largest `max_strata` tenants each; the rest together).
+    Tenant,
+    /// Per target sub-bucket.
+    Bucket,
+}
+
+/// How a run samples and checks.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReconcileOptions {
+    /// Samples per stratum.
+    pub sample: usize,
+    /// Check every source document instead of samples.
+    pub full: bool,
+    pub stratify: Stratify,
+    /// How long to wait before checking findings again.
+    #[serde(with = "millis")]
+    pub recheck_delay: Duration,
+    /// At most this many tenant strata per location.
+    pub max_strata: usize,
+}
+
+mod millis {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+}
+
+impl Default for ReconcileOptions {
+    fn default() -> Self {
+        ReconcileOptions {
+            sample: 100,
+            full: false,
+            stratify: Stratify::Shard,
+            recheck_delay: Duration::from_secs(2),
+            max_strata: 1_000,
+        }
+    }
+}
+
+/// What the shards are and which versions apply.
+pub struct Scene {
+    pub from: RoutingVersion,
+    pub to: RoutingVersion,
+    pub shards: BTreeMap<String, Database>,
+    /// `_id`s (as text) of dead letters an operator skipped: known to be absent.
+    pub skipped: HashSet<String>,
+}
+
+/// How one source document checked out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Its pristine copy is in place and equal.
+    Copied,
+    /// The application rewrote it in the target.
+    Superseded,
+    /// It was deleted (a tombstone stands in the target).
+    Deleted,
+    /// It never moves, and carries the target's routing field.
+    Stayed,
+    /// Not a source document here (a tombstone, a target document in a shared collection),
+    /// or a skipped dead letter.
+    Ignored,
+    /// Something is wrong.
+    Finding {
+        kind: &'static str,
+        details: serde_json::Value,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("reading {location} failed: {source}")]
+pub struct ReadError {
+    pub location: Location,
+    #[source]
+    pub source: mongodb::error::Error,
+}
+
+fn read_err(location: &Location) -> impl Fn(mongodb::error::Error) -> ReadError + '_ {
+    move |source| ReadError {
+        location: location.clone(),
+        source,
+    }
+}
+
+/// The fields two versions of a document may differ in without being different documents.
+pub fn content_differences(
+    source: &Document,
+    target: &Document,
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+) -> Vec<String> {
+    let ignore: BTreeSet<&str> = [
+        Some(crate::router::exec_meta()),
+        from.routing_field(),
+        to.routing_field(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let keys: BTreeSet<&str> = source
+        .keys()
+        .chain(target.keys())
+        .map(String::as_str)
+        .filter(|k| !ignore.contains(k))
+        .collect();
+    keys.into_iter()
+        .filter(|k| source.get(*k) != target.get(*k))
+        .map(str::to_owned)
+        .collect()
+}
+
+type Routed = (KeyValue, KeyValue);
+
+fn keys_of(from: &RoutingVersion, doc: &Document) -> Option<Routed> {
+    let tenant = KeyValue::from_bson(doc.get(&from.tenant_key)?).ok()?;
+    let id = KeyValue::from_bson(doc.get(&from.id_field)?).ok()?;
+    Some((tenant, id))
+}
+
+/// Checks source documents read at `location` against the target. One `$in` query per target
+/// location, and one more per other target location for the ids not found where they belong.
+pub async fn check_batch(
+    scene: &Scene,
+    location: &Location,
+    docs: &[Document],
+) -> Result<Vec<(Bson, Outcome)>, ReadError> {
+    let mut out: Vec<(Bson, Outcome)> = Vec::with_capacity(docs.len());
+    let mut moved: BTreeMap<Location, Vec<usize>> = BTreeMap::new();
+    for doc in docs {
+        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        if is_tombstone(doc) || scene.skipped.contains(&ids::text(&id)) {
+            out.push((id, Outcome::Ignored));
+            continue;
+        }
+        let Some((tenant, key)) = keys_of(&scene.from, doc) else {
+            out.push((
+                id,
+                Outcome::Finding {
+                    kind: "missing",
+                    details: json!({ "reason": "the source document cannot be routed" }),
+                },
+            ));
+            continue;
+        };
+        let (Ok(source), Ok(target)) = (
+            scene.from.locate(&tenant, &key),
+            scene.to.locate(&tenant, &key),
+        ) else {
+            out.push((
+                id,
+                Outcome::Finding {
+                    kind: "missing",
+                    details: json!({ "reason": "the source document cannot be routed" }),
+                },
+            ));
+            continue;
+        };
+        if !source.locations.contains(location) {
+            out.push((id, Outcome::Ignored));
+            continue;
+        }
+        let goal = target.locations[0].clone();
+        if &goal == location {
+            let outcome = match scene.to.routing_field() {
+                Some(field) if doc.get(field) != Some(&Bson::Int32(target.sub_bucket as i32)) => {
+                    Outcome::Finding {
+                        kind: "mismatched",
+                        details: json!({
+                            "location": location.to_string(),
+                            "reason": format!("the routing field {field:?} is not stamped"),
+                        }),
+                    }
+                }
+                _ => Outcome::Stayed,
+            };
+            out.push((id, outcome));
+            continue;
+        }
+        moved.entry(goal).or_default().push(out.len());
+        out.push((id, Outcome::Ignored));
+    }
+    let all_targets = scene.to.locations();
+    for (goal, indexes) in moved {
+        let wanted: Vec<Bson> = indexes.iter().map(|&i| out[i].0.clone()).collect();
+        let found = find_by_ids(scene, &goal, &wanted).await?;
+        let mut absent: Vec<usize> = Vec::new();
+        for &i in &indexes {
+            let source = &docs[i];
+            let id = &out[i].0;
+            let outcome = match found.get(&ids::encode(id)) {
+                None => {
+                    absent.push(i);
+                    continue;
+                }
+                Some(t) if is_tombstone(t) => Outcome::Deleted,
+                Some(t) => match t
+                    .get_document(crate::router::exec_meta())
+                    .ok()
+                    .and_then(|m| m.get_str("src").ok())
+                {
+                    Some("app") => Outcome::Superseded,
+                    _ => {
+                        let diff = content_differences(source, t, &scene.from, &scene.to);
+                        if diff.is_empty() {
+                            Outcome::Copied
+                        } else {
+                            Outcome::Finding {
+                                kind: "mismatched",
+                                details: json!({ "location": goal.to_string(), "fields": diff }),
+                            }
+                        }
+                    }
+                },
+            };
+            out[i].1 = outcome;
+        }
+        for i in absent {
+            let id = out[i].0.clone();
+            let mut elsewhere = None;
+            for other in all_targets.iter().filter(|l| **l != goal) {
+                if other == location {
+                    continue;
+                }
+                if !find_by_ids(scene, other, std::slice::from_ref(&id))
+                    .await?
+                    .is_empty()
+                {
+                    elsewhere = Some(other.clone());
+                    break;
+                }
+            }
+            out[i].1 = match elsewhere {
+                Some(at) => Outcome::Finding {
+                    kind: "misplaced",
+                    details: json!({ "expected": goal.to_string(), "found": at.to_string() }),
+                },
+                None => Outcome::Finding {
+                    kind: "missing",
+                    details: json!({ "expected": goal.to_string(), "source": location.to_string() }),
+                },
+            };
+        }
+    }
+    Ok(out)
+}
+
+async fn find_by_ids(
+    scene: &Scene,
+    at: &Location,
+    wanted: &[Bson],
+) -> Result<BTreeMap<Vec<u8>, Document>, ReadError> {
+    let Some(db) = scene.shards.get(&at.shard) else {
+        return Ok(BTreeMap::new());
+    };
+    let found: Vec<Document> = db
+        .collection::<Document>(&at.collection)
+        .find(doc! { "_id": { "$in": wanted.to_vec() } })
+        .await
+        .map_err(read_err(at))?
+        .try_collect()
+        .await
+        .map_err(read_err(at))?;
+    Ok(found
+        .into_iter()
+        .filter_map(|d| d.get("_id").map(|id| (ids::encode(id), d.clone())))
+        .collect())
+}
+
+/// Per-stratum tally.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Stratum {
+    pub name: String,
+    pub samples: u64,
+    pub defects: u64,
+    /// Upper bound of the defect rate at 95% confidence when `defects` is 0 (3/k).
+    pub bound: Option<f64>,
+}
+
+/// The rule of three: with `k` clean samples, the defect rate is below 3/k at 95% confidence.
+pub fn defect_bound(k: u64) -> Option<f64> {
+    (k > 0).then(|| (3.0 / k as f64).min(1.0))
+}
+
+/// The result of a run before it is stored.
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    pub findings: Vec<NewFinding>,
+    pub strata: Vec<Stratum>,
+    pub counts: BTreeMap<&'static str, u64>,
+    pub counts_checked: Vec<serde_json::Value>,
+    pub rechecked_away: u64,
+}
+
+/// Samples of one location, grouped by stratum name.
+async fn sample_location(
+    scene: &Scene,
+    location: &Location,
+    filter: &Document,
+    options: &ReconcileOptions,
+) -> Result<Vec<(String, Vec<Document>)>, ReadError> {
+    let Some(db) = scene.shards.get(&location.shard) else {
+        return Ok(Vec::new());
+    };
+    let coll = db.collection::<Document>(&location.collection);
+    let sample = |filter: Document, size: usize| {
+        let coll = coll.clone();
+        async move {
+            let mut pipeline = Vec::new();
+            if !filter.is_empty() {
+                pipeline.push(doc! { "$match": filter });
+            }
+            pipeline.push(doc! { "$sample": { "size": size as i64 } });
+            let docs: Vec<Document> = coll.aggregate(pipeline).await?.try_collect().await?;
+            Ok::<_, mongodb::error::Error>(docs)
+        }
+    };
+    let k = options.sample.max(1);
+    match options.stratify {
+        Stratify::Shard => Ok(vec![(
+            format!("shard:{location}"),
+            sample(filter.clone(), k)
+                .await
+                .map_err(read_err(location))?,
+        )]),
+        Stratify::Tenant => {
+            let key = &scene.from.tenant_key;
+            let mut pipeline = Vec::new();
+            if !filter.is_empty() {
+                pipeline.push(doc! { "$match": filter.clone() });
+            }
+            pipeline.push(doc! { "$sortByCount": format!("${key}") });
+            let groups: Vec<Document> = coll
+                .aggregate(pipeline)
+                .await
+                .map_err(read_err(location))?
+                .try_collect()
+                .await
+                .map_err(read_err(location))?;
+            let mut out = Vec::new();
+            let mut named = Vec::new();
+            for g in groups.iter().take(options.max_strata) {
+                let tenant = g.get("_id").cloned().unwrap_or(Bson::Null);
+                let mut f = filter.clone();
+                f.insert(key.clone(), tenant.clone());
+                let docs = sample(f, k).await.map_err(read_err(location))?;
+                out.push((format!("tenant:{}", ids::text(&tenant)), docs));
+                named.push(tenant);
+            }
+            if groups.len() > options.max_strata {
+                let mut f = filter.clone();
+                f.insert(key.clone(), doc! { "$nin": named });
+                let docs = sample(f, k).await.map_err(read_err(location))?;
+                out.push(("tenant:(others)".to_owned(), docs));
+            }
+            Ok(out)
+        }
+        Stratify::Bucket => {
+            let docs = sample(filter.clone(), (k * 16).min(50_000))
+                .await
+                .map_err(read_err(location))?;
+            let mut bins: BTreeMap<u32, Vec<Document>> = BTreeMap::new();
+            for d in docs {
+                let Some((t, i)) = keys_of(&scene.from, &d) else {
+                    continue;
+                };
+                let Ok(l) = scene.to.locate(&t, &i) else {
+                    continue;
+                };
+                let bin = bins.entry(l.sub_bucket).or_default();
+                if bin.len() < k {
+                    bin.push(d);
+                }
+            }
+            Ok(bins
+                .into_iter()
+                .map(|(b, docs)| (format!("bucket:{b}"), docs))
+                .collect())
+        }
+    }
+}
+
+fn finding(kind: &str, id: &Bson, stratum: &str, details: serde_json::Value) -> NewFinding {
+    NewFinding {
+        kind: kind.to_owned(),
+        doc_id: Some(ids::encode(id)),
+        doc_id_text: Some(ids::text(id)),
+        stratum: Some(stratum.to_owned()),
+        details,
+    }
+}
+
+fn tally(
+    result: &mut RunResult,
+    stratum: &mut Stratum,
+    checked: Vec<(Bson, Outcome)>,
+    source: &Location,
+) {
+    for (id, outcome) in checked {
+        let name = match &outcome {
+            Outcome::Copied => "copied",
+            Outcome::Superseded => "superseded",
+            Outcome::Deleted => "deleted",
+            Outcome::Stayed => "stayed",
+            Outcome::Ignored => "ignored",
+            Outcome::Finding { kind, .. } => kind,
+        };
+        *result.counts.entry(name).or_default() += 1;
+        if matches!(outcome, Outcome::Ignored) {
+            continue;
+        }
+        stratum.samples += 1;
+        if let Outcome::Finding { kind, mut details } = outcome {
+            stratum.defects += 1;
+            details["source"] = json!(source.to_string());
+            result
+                .findings
+                .push(finding(kind, &id, &stratum.name, details));
+        }
+    }
+}
+
+/// Runs the checks (without storing anything).
+pub async fn run(
+    scene: &Scene,
+    partitions: &[crate::store::partitions::Partition],
+    settings: &MigrationSettings,
+    options: &ReconcileOptions,
+) -> Result<RunResult, ReadError> {
+    let mut result = RunResult::default();
+    let targets: BTreeSet<Location> = scene.to.locations().into_iter().collect();
+    let mut strata: BTreeMap<String, Stratum> = BTreeMap::new();
+
+    // Completeness: fresh counts against the ledger.
+    for p in partitions {
+        let location = Location::new(p.source_shard.clone(), p.source_collection.clone());
+        if targets.contains(&location) {
+            result.counts_checked.push(json!({
+                "partition": p.id, "location": location.to_string(),
+                "skipped": "the source collection is also a target location",
+            }));
+            continue;
+        }
+        let Some(db) = scene.shards.get(&location.shard) else {
+            continue;
+        };
+        let filter = partition_filter(&scene.from, p);
+        let count = db
+            .collection::<Document>(&location.collection)
+            .count_documents(filter)
+            .await
+            .map_err(read_err(&location))? as i64;
+        let ledger = p.scanned + p.skipped_foreign;
+        result.counts_checked.push(json!({
+            "partition": p.id, "location": location.to_string(), "count": count, "ledger": ledger,
+        }));
+        if count != ledger {
+            result.findings.push(NewFinding {
+                kind: "count".into(),
+                doc_id: None,
+                doc_id_text: None,
+                stratum: Some(format!("partition:{}", p.id)),
+                details: json!({
+                    "partition": p.id, "location": location.to_string(),
+                    "count": count, "ledger": ledger,
+                }),
+            });
+        }
+    }
+
+    // Presence and content.
+    let mut rate = AdaptiveRate::new(settings.throttle_share(1), Instant::now());
+    for location in scene.from.locations() {
+        let scope = plan::location_scope(&scene.from, &scene.to, &location);
+        let Some(filter) = plan::scope_filter(&scene.from.tenant_key, &scope) else {
+            continue;
+        };
+        if options.full {
+            let name = format!("full:{location}");
+            let mut stratum = strata.remove(&name).unwrap_or(Stratum {
+                name: name.clone(),
+                ..Stratum::default()
+            });
+            let Some(db) = scene.shards.get(&location.shard) else {
+                continue;
+            };
+            let mut cursor = db
+                .collection::<Document>(&location.collection)
+                .find(filter)
+                .sort(doc! { "_id": 1 })
+                .await
+                .map_err(read_err(&location))?;
+            let mut batch = Vec::new();
+            loop {
+                let next = cursor.try_next().await.map_err(read_err(&location))?;
+                let end = next.is_none();
+                if let Some(d) = next {
+                    batch.push(d);
+                }
+                if batch.len() >= settings.batch_size || (end && !batch.is_empty()) {
+                    let wait = rate.permit(batch.len() as u64, Instant::now());
+                    tokio::time::sleep(wait).await;
+                    let checked = check_batch(scene, &location, &batch).await?;
+                    tally(&mut result, &mut stratum, checked, &location);
+                    batch.clear();
+                }
+                if end {
+                    break;
+                }
+            }
+            strata.insert(name, stratum);
+        } else {
+            for (name, docs) in sample_location(scene, &location, &filter, options).await? {
+                let mut stratum = strata.remove(&name).unwrap_or(Stratum {
+                    name: name.clone(),
+                    ..Stratum::default()
+                });
+                let checked = check_batch(scene, &location, &docs).await?;
+                tally(&mut result, &mut stratum, checked, &location);
+                strata.insert(name, stratum);
+            }
+        }
+    }
+
+    // Placement: sampled target documents written by reshard sit where the target puts them.
+    for target in &targets {
+        let Some(db) = scene.shards.get(&target.shard) else {
+            continue;
+        };
+        let name = format!("placement:{target}");
+        let mut stratum = Stratum {
+            name: name.clone(),
+            ..Stratum::default()
+        };
+        let docs: Vec<Document> = db
+            .collection::<Document>(&target.collection)
+            .aggregate(vec![
+                doc! { "$match": { crate::router::exec_meta(): { "$exists": true } } },
+                doc! { "$sample": { "size": options.sample.max(1) as i64 } },
+            ])
+            .await
+            .map_err(read_err(target))?
+            .try_collect()
+            .await
+            .map_err(read_err(target))?;
+        for d in docs {
+            let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+            let Some((t, i)) = keys_of(&scene.to, &d) else {
+                continue;
+            };
+            let Ok(l) = scene.to.locate(&t, &i) else {
+                continue;
+            };
+            stratum.samples += 1;
+            if !l.locations.contains(target) {
+                stratum.defects += 1;
+                *result.counts.entry("misplaced").or_default() += 1;
+                result.findings.push(finding(
+                    "misplaced",
+                    &id,
+                    &name,
+                    json!({ "found": target.to_string(), "expected": l.locations[0].to_string() }),
+                ));
+            }
+        }
+        strata.insert(name, stratum);
+    }
+    result.strata = strata
+        .into_values()
+        .map(|mut s| {
+            s.bound = if s.defects == 0 {
+                defect_bound(s.samples)
+            } else {
+                None
+            };
+            s
+        })
+        .collect();
+    Ok(result)
+}
+
+/// The filter of a backfill partition's whole range.
+pub fn partition_filter(
+    from: &RoutingVersion,
+    p: &crate::store::partitions::Partition,
+) -> Document {
+    let mut filter = match &p.tenant_filter {
+        Some(t) => {
+            let tenants: Vec<KeyValue> = serde_json::from_value(t.clone()).unwrap_or_default();
+            plan::tenant_filter(&from.tenant_key, &tenants)
+        }
+        None => Document::new(),
+    };
+    let bracket = ids::Bracket::parse(&p.id_type).unwrap_or(ids::Bracket::String);
+    let decode = |b: &Option<Vec<u8>>| b.as_deref().and_then(|b| ids::decode(b).ok());
+    filter.extend(ids::range_filter(
+        bracket,
+        decode(&p.lower_bound).as_ref(),
+        None,
+        decode(&p.upper_bound).as_ref(),
+    ));
+    filter
+}
+
+/// Checks the findings again (after the caller waited) and keeps those that persist.
+pub async fn recheck(
+    scene: &Scene,
+    partitions: &[crate::store::partitions::Partition],
+    findings: Vec<NewFinding>,
+) -> Result<(Vec<NewFinding>, u64), ReadError> {
+    let mut kept = Vec::new();
+    let mut gone = 0;
+    for f in findings {
+        let still = match (f.kind.as_str(), &f.doc_id) {
+            ("count", _) => {
+                let id = f.details["partition"].as_i64();
+                match partitions.iter().find(|p| Some(p.id) == id) {
+                    Some(p) => {
+                        let location =
+                            Location::new(p.source_shard.clone(), p.source_collection.clone());
+                        let db = &scene.shards[&location.shard];
+                        let count =
+                            db.collection::<Document>(&location.collection)
+                                .count_documents(partition_filter(&scene.from, p))
+                                .await
+                                .map_err(read_err(&location))? as i64;
+                        count != p.scanned + p.skipped_foreign
+                    }
+                    None => true,
+                }
+            }
+            (_, Some(raw)) => {
+                let id = ids::decode(raw).unwrap_or(Bson::Null);
+                match f.details["source"].as_str().and_then(parse_location) {
+                    Some(source) => {
+                        let doc = scene.shards[&source.shard]
+                            .collection::<Document>(&source.collection)
+                            .find_one(doc! { "_id": id.clone() })
+                            .await
+                            .map_err(read_err(&source))?;
+                        match doc {
+                            Some(d) => matches!(
+                                check_batch(scene, &source, &[d]).await?.first(),
+                                Some((_, Outcome::Finding { kind, .. })) if *kind == f.kind
+                            ),
+                            None => false,
+                        }
+                    }
+                    // A placement finding: is the document still where it should not be?
+                    None => match f.details["found"].as_str().and_then(parse_location) {
+                        Some(at) => !find_by_ids(scene, &at, std::slice::from_ref(&id))
+                            .await?
+                            .is_empty(),
+                        None => true,
+                    },
+                }
+            }
+            _ => true,
+        };
+        if still {
+            kept.push(f);
+        } else {
+            gone += 1;
+        }
+    }
+    Ok((kept, gone))
+}
+
+fn parse_location(text: &str) -> Option<Location> {
+    let (shard, collection) = text.split_once('/')?;
+    Some(Location::new(shard, collection))
+}
+
+/// Whether a run's findings are within the migration's thresholds.
+pub fn verdict(
+    findings: &[NewFinding],
+    settings: &MigrationSettings,
+) -> (bool, BTreeMap<String, u64>) {
+    let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
+    for f in findings {
+        *by_kind.entry(f.kind.clone()).or_default() += 1;
+    }
+    let n = |k: &str| by_kind.get(k).copied().unwrap_or(0);
+    let passed = n("count") == 0
+        && n("missing") <= settings.max_missing
+        && n("mismatched") <= settings.max_mismatched
+        && n("misplaced") <= settings.max_misplaced;
+    (passed, by_kind)
+}
+
+/// Rewrites the documents findings name: a missing or mismatched pristine copy is copied again
+/// from the source (insert if absent; replace only while the target still holds a pristine
+/// copy, never over the application's writes), a misplaced copy is removed from where it does
+/// not belong once the right location holds it. Returns per finding what was done.
+pub async fn repair(
+    scene: &Scene,
+    epoch: i64,
+    findings: &[crate::store::reconcile::Finding],
+) -> Result<Vec<(i64, String)>, ReadError> {
+    let meta = crate::router::exec_meta();
+    let mut done = Vec::new();
+    for f in findings {
+        let Some(raw) = &f.doc_id else { continue };
+        let id = ids::decode(raw).unwrap_or(Bson::Null);
+        let source = f.details["source"].as_str().and_then(parse_location);
+        let what = match (f.kind.as_str(), source) {
+            ("missing" | "mismatched", Some(source)) => {
+                let Some(doc) = scene.shards[&source.shard]
+                    .collection::<Document>(&source.collection)
+                    .find_one(doc! { "_id": id.clone() })
+                    .await
+                    .map_err(read_err(&source))?
+                else {
+                    done.push((f.id, "the source document is gone".to_owned()));
+                    continue;
+                };
+                let Some((t, k)) = keys_of(&scene.from, &doc) else {
+                    continue;
+                };
+                let Ok(located) = scene.to.locate(&t, &k) else {
+                    continue;
+                };
+                let goal = located.locations[0].clone();
+                let coll = scene.shards[&goal.shard].collection::<Document>(&goal.collection);
+                if goal == source {
+                    let field = scene.to.routing_field().unwrap_or("bucket");
+                    coll.update_one(
+                        doc! { "_id": id.clone() },
+                        doc! { "$set": { field: located.sub_bucket as i32 } },
+                    )
+                    .await
+                    .map_err(read_err(&goal))?;
+                    "routing field stamped".to_owned()
+                } else {
+                    let copy = copy_document(doc, &scene.to, &located, epoch);
+                    match coll.insert_one(copy.clone()).await {
+                        Ok(_) => "copied again".to_owned(),
+                        Err(e) if crate::router::is_duplicate_key(&e) => {
+                            let r = coll
+                                .replace_one(
+                                    doc! { "_id": id.clone(), format!("{meta}.src"): "copy" },
+                                    copy,
+                                )
+                                .await
+                                .map_err(read_err(&goal))?;
+                            if r.matched_count == 1 {
+                                "pristine copy replaced".to_owned()
+                            } else {
+                                "left alone: the application wrote it since".to_owned()
+                            }
+                        }
+                        Err(e) => return Err(read_err(&goal)(e)),
+                    }
+                }
+            }
+            ("misplaced", _) => {
+                let found = f.details["found"].as_str().and_then(parse_location);
+                let expected = f.details["expected"].as_str().and_then(parse_location);
+                match (found, expected) {
+                    (Some(found), Some(expected))
+                        if !find_by_ids(scene, &expected, std::slice::from_ref(&id))
+                            .await?
+                            .is_empty() =>
+                    {
+                        scene.shards[&found.shard]
+                            .collection::<Document>(&found.collection)
+                            .delete_one(doc! { "_id": id.clone(), meta: { "$exists": true } })
+                            .await
+                            .map_err(read_err(&found))?;
+                        format!("removed from {found}")
+                    }
+                    _ => "left alone: the right location does not hold it yet".to_owned(),
+                }
+            }
+            _ => continue,
+        };
+        done.push((f.id, what));
+    }
+    Ok(done)
+}
+
+/// Whether a scope is the whole location (for reports).
+pub fn scope_name(scope: &MoveScope) -> &'static str {
+    match scope {
+        MoveScope::Nothing => "nothing",
+        MoveScope::Tenants(_) => "tenants",
+        MoveScope::Everything { .. } => "everything",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::{Layout, PlacementRange};
+
+    fn version(field: Option<&str>) -> RoutingVersion {
+        RoutingVersion::new(
+            "orders",
+            "customerId",
+            Layout::Hashed {
+                virtual_buckets: 8,
+                default_buckets: 1,
+                tenant_buckets: vec![],
+                placement: vec![PlacementRange {
+                    start: 0,
+                    end: 8,
+                    shard: "s1".into(),
+                }],
+                routing_field: field.map(String::from),
+            },
+        )
+    }
+
+    #[test]
+    fn copies_differ_only_outside_routing_fields_and_metadata() {
+        let (from, to) = (version(Some("slot")), version(Some("bucket")));
+        let source = doc! { "_id": 1, "customerId": "c", "total": 5, "slot": 0 };
+        let copy = doc! { "_id": 1, "customerId": "c", "bucket": 3, "total": 5, "_reshard": { "src": "copy" } };
+        assert!(content_differences(&source, &copy, &from, &to).is_empty());
+        let changed = doc! { "_id": 1, "customerId": "c", "total": 6, "note": "x" };
+        assert_eq!(
+            content_differences(&source, &changed, &from, &to),
+            vec!["note".to_owned(), "total".to_owned()]
+        );
+    }
+
+    #[test]
+    fn the_rule_of_three() {
+        assert_eq!(defect_bound(0), None);
+        assert_eq!(defect_bound(300), Some(0.01));
+        assert_eq!(defect_bound(1), Some(1.0));
+    }
+
+    #[test]
+    fn the_verdict_follows_the_thresholds() {
+        let f = |kind: &str| NewFinding {
+            kind: kind.into(),
+            doc_id: None,
+            doc_id_text: None,
+            stratum: None,
+            details: json!({}),
+        };
+        let mut s = MigrationSettings::default();
+        assert!(verdict(&[], &s).0);
+        assert!(!verdict(&[f("missing")], &s).0);
+        s.max_missing = 1;
+        assert!(verdict(&[f("missing")], &s).0);
+        assert!(!verdict(&[f("missing"), f("missing")], &s).0);
+        s.max_misplaced = 5;
+        assert!(
+            !verdict(&[f("count")], &s).0,
+            "a count mismatch never passes"
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! Reconciliation runs and their findings.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::{Store, StoreError, StoreResult};
+
+/// A stored run.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Run {
+    pub id: i64,
+    pub migration_id: i64,
+    pub mode: String,
+    pub settings: serde_json::Value,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub passed: Option<bool>,
+    pub summary: serde_json::Value,
+}
+
+/// A finding to store.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NewFinding {
+    /// `missing`, `mismatched`, `misplaced` or `count`.
+    pub kind: String,
+    #[serde(skip)]
+    pub doc_id: Option<Vec<u8>>,
+    pub doc_id_text: Option<String>,
+    pub stratum: Option<String>,
+    pub details: serde_json::Value,
+}
+
+/// A stored finding.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct Finding {
+    pub id: i64,
+    pub run_id: i64,
+    pub kind: String,
+    #[serde(skip)]
+    pub doc_id: Option<Vec<u8>>,
+    pub doc_id_text: Option<String>,
+    pub stratum: Option<String>,
+    pub details: serde_json::Value,
+    pub repaired_at: Option<DateTime<Utc>>,
+    pub resolution: Option<String>,
+}
+
+const RUN_COLUMNS: &str =
+    "id, migration_id, mode, settings, started_at, finished_at, passed, summary";
+const FINDING_COLUMNS: &str =
+    "id, run_id, kind, doc_id, doc_id_text, stratum, details, repaired_at, resolution";
+
+impl Store {
+    /// Starts a run; its start time is what the gate compares with the end of backfill.
+    pub async fn start_reconciliation(
+        &self,
+        migration_id: i64,
+        mode: &str,
+        settings: serde_json::Value,
+    ) -> StoreResult<Run> {
+        Ok(sqlx::query_as(&format!(
+            "INSERT INTO reconciliation_runs (migration_id, mode, settings)
+             VALUES ($1, $2, $3) RETURNING {RUN_COLUMNS}"
+        ))
+        .bind(migration_id)
+        .bind(mode)
+        .bind(settings)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// Stores a run's findings and verdict, and an event naming both.
+    pub async fn finish_reconciliation(
+        &self,
+        run_id: i64,
+        passed: bool,
+        summary: serde_json::Value,
+        findings: &[NewFinding],
+        actor: &str,
+    ) -> StoreResult<Run> {
+        let mut tx = self.pool().begin().await?;
+        for f in findings {
+            sqlx::query(
+                "INSERT INTO reconciliation_findings (run_id, kind, doc_id, doc_id_text, stratum, details)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(run_id)
+            .bind(&f.kind)
+            .bind(&f.doc_id)
+            .bind(&f.doc_id_text)
+            .bind(&f.stratum)
+            .bind(&f.details)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let run: Run = sqlx::query_as(&format!(
+            "UPDATE reconciliation_runs SET finished_at = now(), passed = $2, summary = $3
+             WHERE id = $1 RETURNING {RUN_COLUMNS}"
+        ))
+        .bind(run_id)
+        .bind(passed)
+        .bind(&summary)
+        .fetch_one(&mut *tx)
+        .await?;
+        let migration = super::migrations::migration_in(&mut tx, run.migration_id).await?;
+        super::migrations::insert_event(
+            &mut tx,
+            &migration,
+            actor,
+            "reconciled",
+            None,
+            None,
+            None,
+            serde_json::json!({ "run": run_id, "passed": passed, "findings": findings.len() }),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(run)
+    }
+
+    /// A migration's runs, newest first.
+    pub async fn reconciliation_runs(&self, migration_id: i64) -> StoreResult<Vec<Run>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {RUN_COLUMNS} FROM reconciliation_runs WHERE migration_id = $1 ORDER BY id DESC"
+        ))
+        .bind(migration_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// One run of a migration, or its latest finished one.
+    pub async fn reconciliation_run(
+        &self,
+        migration_id: i64,
+        run: Option<i64>,
+    ) -> StoreResult<Run> {
+        sqlx::query_as(&format!(
+            "SELECT {RUN_COLUMNS} FROM reconciliation_runs
+             WHERE migration_id = $1 AND ($2::bigint IS NULL OR id = $2)
+               AND ($2::bigint IS NOT NULL OR finished_at IS NOT NULL)
+             ORDER BY id DESC LIMIT 1"
+        ))
+        .bind(migration_id)
+        .bind(run)
+        .fetch_optional(self.pool())
+        .await?
+        .ok_or_else(|| {
+            StoreError::NotFound(match run {
+                Some(r) => format!("migration {migration_id} has no reconciliation run {r}"),
+                None => format!(
+                    "migration {migration_id} has no finished reconciliation run \
+                     (run `reshard reconcile {migration_id}`)"
+                ),
+            })
+        })
+    }
+
+    pub async fn findings(&self, run_id: i64) -> StoreResult<Vec<Finding>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {FINDING_COLUMNS} FROM reconciliation_findings WHERE run_id = $1 ORDER BY id"
+        ))
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Repair dealt with a finding.
+    pub async fn finding_repaired(&self, id: i64, resolution: &str) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE reconciliation_findings SET repaired_at = now(), resolution = $2 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(resolution)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The `_id`s (as text) of a migration's skipped dead letters: documents an operator
+    /// accepted will not be in the target.
+    pub async fn skipped_ids(&self, migration_id: i64) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT doc_id_text FROM dead_letters WHERE migration_id = $1 AND status = 'skipped'",
+        )
+        .bind(migration_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
