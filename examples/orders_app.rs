@@ -135,11 +135,13 @@ impl Shared {
             .expect("ledger write");
     }
 
-    fn anomaly(&self, what: String) {
+    /// Counts an anomaly; the example names the phase and epoch the router was in just after.
+    fn anomaly(&self, at: &reshard::router::Snapshot, what: String) {
         let mut c = self.counts.lock().unwrap();
         c.read_anomalies += 1;
         if c.anomaly_examples.len() < 20 {
-            c.anomaly_examples.push(what);
+            c.anomaly_examples
+                .push(format!("[{} epoch {}] {what}", at.phase, at.epoch));
         }
     }
 }
@@ -208,7 +210,7 @@ async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
                     .update(&tenant, &id, doc! { "$inc": { "qty": 1, "version": 1 }, "$set": { "status": "paid" } })
                     .await?;
                 if !changed {
-                    shared.anomaly(format!("update of live {id} matched nothing"));
+                    shared.anomaly(&*router.snapshot().await, format!("update of live {id} matched nothing"));
                     return Ok(());
                 }
                 doc.insert("qty", doc.get_i32("qty").unwrap() + 1);
@@ -223,7 +225,7 @@ async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
                 let version = doc.get_i32("version").unwrap() + 1;
                 let new = doc! { "_id": &id, "customerId": &tenant, "qty": 7, "status": "replaced", "version": version };
                 if !router.replace(new.clone(), false).await? {
-                    shared.anomaly(format!("replace of live {id} matched nothing"));
+                    shared.anomaly(&*router.snapshot().await, format!("replace of live {id} matched nothing"));
                     return Ok(());
                 }
                 shared.log(w.n, "replace", &tenant, &id, Some(app_fields(&new)));
@@ -233,7 +235,7 @@ async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
             65..=74 => {
                 let Some((id, tenant, Some(_))) = w.pick(true) else { return Ok(()) };
                 if !router.delete(&tenant, &id).await? {
-                    shared.anomaly(format!("delete of live {id} found nothing"));
+                    shared.anomaly(&*router.snapshot().await, format!("delete of live {id} found nothing"));
                 }
                 shared.log(w.n, "delete", &tenant, &id, None);
                 w.orders.insert(id, (tenant, None));
@@ -254,7 +256,7 @@ async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
                 shared.counts.lock().unwrap().reads += 1;
                 let (a, b) = (known.as_ref().map(app_fields), found.as_ref().map(app_fields));
                 if a != b {
-                    shared.anomaly(format!("read {id}: expected {a:?}, got {b:?}"));
+                    shared.anomaly(&*router.snapshot().await, format!("read {id}: expected {a:?}, got {b:?}"));
                 }
             }
             // List a customer and compare my orders of that customer.
@@ -267,7 +269,7 @@ async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
                     for d in &page.documents {
                         let id = d.get_str("_id").unwrap_or_default().to_owned();
                         if seen.insert(id.clone(), app_fields(d)).is_some() {
-                            shared.anomaly(format!("listing of {tenant} returned {id} twice"));
+                            shared.anomaly(&*router.snapshot().await, format!("listing of {tenant} returned {id} twice"));
                         }
                     }
                     match page.next {
@@ -282,7 +284,7 @@ async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
                     }
                     let want = doc.as_ref().map(app_fields);
                     if seen.get(id).cloned() != want {
-                        shared.anomaly(format!("listing of {tenant}: {id} expected {want:?}, got {:?}", seen.get(id)));
+                        shared.anomaly(&*router.snapshot().await, format!("listing of {tenant}: {id} expected {want:?}, got {:?}", seen.get(id)));
                     }
                 }
             }

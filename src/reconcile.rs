@@ -359,6 +359,16 @@ async fn sample_location(
         }
     };
     let k = options.sample.max(1);
+    // Where the source collection is also a target location, copies that moved in are not
+    // source documents: do not spend samples on them.
+    let mut filter = filter.clone();
+    if scene.to.locations().contains(location) {
+        filter.insert(
+            format!("{}.src", crate::router::META),
+            doc! { "$ne": "copy" },
+        );
+    }
+    let filter = &filter;
     match options.stratify {
         Stratify::Shard => Ok(vec![(
             format!("shard:{location}"),
@@ -608,6 +618,13 @@ pub async fn run(
         }
         strata.insert(name, stratum);
     }
+    // One document found wrong twice (by the presence check and by a placement sample) is
+    // one defect.
+    let mut seen = HashSet::new();
+    result.findings.retain(|f| match &f.doc_id {
+        Some(id) => seen.insert((f.kind.clone(), id.clone())),
+        None => true,
+    });
     result.strata = strata
         .into_values()
         .map(|mut s| {
@@ -796,24 +813,68 @@ pub async fn repair(
                     }
                 }
             }
-            ("misplaced", _) => {
+            ("misplaced", source) => {
                 let found = f.details["found"].as_str().and_then(parse_location);
                 let expected = f.details["expected"].as_str().and_then(parse_location);
-                match (found, expected) {
-                    (Some(found), Some(expected))
-                        if !find_by_ids(scene, &expected, std::slice::from_ref(&id))
-                            .await?
-                            .is_empty() =>
-                    {
-                        scene.shards[&found.shard]
-                            .collection::<Document>(&found.collection)
-                            .delete_one(doc! { "_id": id.clone(), meta: { "$exists": true } })
+                let (Some(found), Some(expected)) = (found, expected) else {
+                    continue;
+                };
+                let mut what = Vec::new();
+                if find_by_ids(scene, &expected, std::slice::from_ref(&id))
+                    .await?
+                    .is_empty()
+                {
+                    // Only the stray exists: copy the source document where it belongs first.
+                    let doc = match &source {
+                        Some(source) => scene.shards[&source.shard]
+                            .collection::<Document>(&source.collection)
+                            .find_one(doc! { "_id": id.clone() })
                             .await
-                            .map_err(read_err(&found))?;
-                        format!("removed from {found}")
+                            .map_err(read_err(source))?,
+                        None => None,
+                    };
+                    let located = doc.as_ref().and_then(|d| {
+                        let (t, k) = keys_of(&scene.from, d)?;
+                        scene.to.locate(&t, &k).ok()
+                    });
+                    match (doc, located) {
+                        (Some(doc), Some(located)) if located.locations.contains(&expected) => {
+                            let copy = copy_document(doc, &scene.to, &located, epoch);
+                            match scene.shards[&expected.shard]
+                                .collection::<Document>(&expected.collection)
+                                .insert_one(copy)
+                                .await
+                            {
+                                Ok(_) => what.push(format!("copied again to {expected}")),
+                                Err(e) if crate::router::is_duplicate_key(&e) => {}
+                                Err(e) => return Err(read_err(&expected)(e)),
+                            }
+                        }
+                        _ => {
+                            done.push((
+                                f.id,
+                                format!(
+                                    "left alone: {expected} does not hold it and the source \
+                                     copy is gone; an operator must decide"
+                                ),
+                            ));
+                            continue;
+                        }
                     }
-                    _ => "left alone: the right location does not hold it yet".to_owned(),
                 }
+                // Remove the stray only while it is a pristine copy: the application's own
+                // write there is for an operator to look at.
+                let r = scene.shards[&found.shard]
+                    .collection::<Document>(&found.collection)
+                    .delete_one(doc! { "_id": id.clone(), format!("{meta}.src"): "copy" })
+                    .await
+                    .map_err(read_err(&found))?;
+                if r.deleted_count == 1 {
+                    what.push(format!("removed from {found}"));
+                } else {
+                    what.push(format!("left the application's write at {found} alone"));
+                }
+                what.join("; ")
             }
             _ => continue,
         };

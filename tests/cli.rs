@@ -602,7 +602,10 @@ async fn logs_follow_reshard_log_and_can_be_json() {
 async fn throttle_set_is_logged_and_shown_and_status_reports_an_unplanned_backfill() {
     let server = MongoServer::start().await;
     let db = prepared(&server).await;
-    json(&db, &["migration", "create", "--collection", "orders", "--to", "2"]);
+    json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
 
     let shown = json(&db, &["throttle", "show", "1"]);
     assert_eq!(shown["settings"]["batch_size"], 1000, "{shown}");
@@ -635,10 +638,16 @@ async fn throttle_set_is_logged_and_shown_and_status_reports_an_unplanned_backfi
     assert_eq!(change["details"]["after"]["batch_size"], 250);
 
     // The planner's partition size is part of the same settings; a bad value changes nothing.
-    let out = reshard(&db, &["throttle", "set", "1", "--documents-per-partition", "0"]);
+    let out = reshard(
+        &db,
+        &["throttle", "set", "1", "--documents-per-partition", "0"],
+    );
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("documents_per_partition: 0 is not allowed"));
-    assert_eq!(json(&db, &["throttle", "show", "1"])["settings"], shown["settings"]);
+    assert_eq!(
+        json(&db, &["throttle", "show", "1"])["settings"],
+        shown["settings"]
+    );
 
     let status = json(&db, &["migration", "status", "1"]);
     assert_eq!(status["phase"], "planned");

@@ -239,7 +239,16 @@ impl Worker {
                     }
                     continue;
                 };
-                if m.paused || m.failure_reason.is_some() {
+                if let Some(reason) = &m.failure_reason {
+                    // Nothing to do until an operator resumes or rolls back; a worker told to
+                    // exit when done does not wait for that.
+                    tracing::warn!(migration = m.id, "the migration failed: {reason}");
+                    if !self.config.exit_when_done {
+                        all_done = false;
+                    }
+                    continue;
+                }
+                if m.paused {
                     all_done = false;
                     continue;
                 }
@@ -978,7 +987,9 @@ impl Worker {
                 Task::Backfill => {
                     prepare_batch(&shared.from, &shared.to, location, shared.epoch, docs)
                 }
-                Task::Revert => prepare_revert(&shared.from, &shared.to, location, docs),
+                Task::Revert => {
+                    prepare_revert(&shared.from, &shared.to, shared.migration, location, docs)
+                }
                 Task::Cleanup => match self.prepare_cleanup(shared, location, docs).await? {
                     Ok(prepared) => prepared,
                     Err(missing) => {
@@ -1218,6 +1229,7 @@ pub fn prepare_batch(
 pub fn prepare_revert(
     from: &RoutingVersion,
     to: &RoutingVersion,
+    migration: i64,
     location: &Location,
     docs: Vec<Document>,
 ) -> PreparedBatch {
@@ -1229,7 +1241,7 @@ pub fn prepare_revert(
         targets: Vec::new(),
         checkpoint: Checkpoint::default(),
     };
-    for mut doc in docs {
+    for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
         let routed = (|| {
             let tenant = KeyValue::from_bson(doc.get(&to.tenant_key)?).ok()?;
@@ -1256,14 +1268,8 @@ pub fn prepare_revert(
             batch.checkpoint.already_present += 1;
             continue;
         }
-        let rev = crate::router::revision(&doc);
-        if let Some(field) = to.routing_field() {
-            doc.remove(field);
-        }
-        if let Some(field) = from.routing_field() {
-            doc.insert(field, source.sub_bucket as i32);
-        }
-        let filter = doc! { "_id": id.clone(), format!("{meta}.rev"): { "$not": { "$gte": rev } } };
+        let (filter, doc) =
+            crate::router::mirror_write(doc, migration, from, to, source.sub_bucket);
         let back = source.locations[0].clone();
         batch.statements.push(Statement::new(
             back.clone(),

@@ -312,10 +312,16 @@ async fn advance(
             barrier(ctx, &t.migration, steps.timeout).await?;
         }
     }
-    if matches!(to, Phase::Completed | Phase::RolledBack | Phase::Planned) {
+    // The revert switch moves on to rolled_back by itself once every router acknowledged.
+    let reached = ctx.store.migration(id).await?;
+    if matches!(
+        reached.phase(),
+        Phase::Completed | Phase::RolledBack | Phase::Planned
+    ) && reached.phase() != current.phase()
+    {
         // Nothing may be purged or dropped while a router could still act on the old phase.
-        barrier(ctx, &t.migration, steps.timeout).await?;
-        finish(ctx, &t.migration, to).await?;
+        barrier(ctx, &reached, steps.timeout).await?;
+        finish(ctx, &reached, reached.phase()).await?;
     }
     Ok(())
 }

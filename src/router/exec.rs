@@ -187,20 +187,14 @@ async fn mirror_to_source(
     let Some(image) = image else {
         return Ok(Answer::Matched(false));
     };
-    let rev = revision(&image);
     let source = snapshot.source.locate(keys.tenant_key, keys.id_key)?;
-    // The image takes the source layout's routing field, not the target's.
-    let mut image = image;
-    if let Some(field) = snapshot.target.routing_field() {
-        image.remove(field);
-    }
-    if let Some(field) = snapshot.source.routing_field() {
-        image.insert(field, source.sub_bucket as i32);
-    }
-    let filter = doc! {
-        "_id": keys.id.clone(),
-        format!("{META}.rev"): { "$not": { "$gte": rev } },
-    };
+    let (filter, image) = mirror_write(
+        image,
+        snapshot.migration_id.unwrap_or(0),
+        &snapshot.source,
+        &snapshot.target,
+        source.sub_bucket,
+    );
     let coll = collection(inner, &source.locations[0])?;
     match coll
         .replace_one(filter, image)
@@ -319,6 +313,43 @@ pub fn strip_metadata(mut doc: Document) -> Document {
     doc
 }
 
+/// What a mirror writes to the source for a target `image` of migration `migration`: the
+/// filter of a conditional replace (upsert) and the replacement.
+///
+/// Revisions are counted by the target, so they are compared only between documents this
+/// migration mirrored (`_reshard.mig`): the newer one wins. A source document this migration
+/// never mirrored was last written before its write switch, so any target version is newer.
+/// (Comparing raw revisions would let a source document's own revision, counted on the
+/// source before the switch, hide a newer target write that started its count afresh.)
+pub fn mirror_write(
+    mut image: Document,
+    migration: i64,
+    source: &RoutingVersion,
+    target: &RoutingVersion,
+    source_sub_bucket: u32,
+) -> (Document, Document) {
+    let rev = revision(&image);
+    let id = image.get("_id").cloned().unwrap_or(Bson::Null);
+    // The image takes the source layout's routing field, not the target's.
+    if let Some(field) = target.routing_field() {
+        image.remove(field);
+    }
+    if let Some(field) = source.routing_field() {
+        image.insert(field, source_sub_bucket as i32);
+    }
+    let mut meta = image.get_document(META).cloned().unwrap_or_default();
+    meta.insert("mig", migration);
+    image.insert(META, meta);
+    let filter = doc! {
+        "_id": id,
+        "$or": [
+            { format!("{META}.mig"): { "$ne": migration } },
+            { format!("{META}.rev"): { "$lt": rev } },
+        ],
+    };
+    (filter, image)
+}
+
 /// The name of reshard's metadata field (`_reshard`).
 pub fn exec_meta() -> &'static str {
     META
@@ -326,7 +357,8 @@ pub fn exec_meta() -> &'static str {
 
 /// The copy of a source document that the backfill (or a copy-on-write) puts in the target:
 /// the source document with the target's routing field and `_reshard: {src: "copy", epoch,
-/// rev: 0}`. Inserted only if absent, so it never overwrites what the application wrote.
+/// rev}`, `rev` being the source document's revision (0 when it has none), so that
+/// revisions only grow across the two sides. Inserted only if absent, so it never overwrites what the application wrote.
 pub fn copy_document(
     mut doc: Document,
     version: &RoutingVersion,
@@ -336,7 +368,8 @@ pub fn copy_document(
     if let Some(field) = version.routing_field() {
         doc.insert(field, located.sub_bucket as i32);
     }
-    doc.insert(META, doc! { "src": "copy", "epoch": epoch, "rev": 0_i64 });
+    let rev = revision(&doc);
+    doc.insert(META, doc! { "src": "copy", "epoch": epoch, "rev": rev });
     doc
 }
 
@@ -353,10 +386,15 @@ fn materialise(
             d,
             doc! { "src": "app", "epoch": snapshot.epoch, "rev": rev },
         ),
-        Payload::Copy(d) => (
-            d,
-            doc! { "src": "copy", "epoch": snapshot.epoch, "rev": 0_i64 },
-        ),
+        Payload::Copy(d) => {
+            // A copy keeps the source document's revision, so revisions only grow across
+            // the sides: a mirror back to the source compares like with like.
+            let rev = revision(&d);
+            (
+                d,
+                doc! { "src": "copy", "epoch": snapshot.epoch, "rev": rev },
+            )
+        }
         Payload::Tombstone => {
             let mut d = doc! { "_id": keys.id.clone() };
             d.insert(version.tenant_key.clone(), keys.tenant.clone());

@@ -57,7 +57,9 @@ use crate::routing::{KeyValue, RoutingError, RoutingVersion};
 use crate::store::routers::Heartbeat;
 use crate::store::{Store, StoreError, CHANNEL};
 
-pub use exec::{copy_document, exec_meta, is_duplicate_key, is_tombstone, revision, META};
+pub use exec::{
+    copy_document, exec_meta, is_duplicate_key, is_tombstone, mirror_write, revision, META,
+};
 pub use list::Page;
 use stats::OperationStats;
 
@@ -165,7 +167,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     async fn load(store: &Store, collection: &str) -> Result<Snapshot, StoreError> {
-        match store.active_migration(collection).await? {
+        match store.followed_migration(collection).await? {
             Some(m) => Ok(Snapshot {
                 migration_id: Some(m.id),
                 epoch: m.epoch,
@@ -543,7 +545,7 @@ impl Inner {
             false
         };
         // Polls are frequent: read the migration row alone, and the versions only on a change.
-        let active = match self.store.active_migration(&self.collection).await {
+        let active = match self.store.followed_migration(&self.collection).await {
             Ok(m) => m,
             Err(e) => return warn(e),
         };

@@ -55,9 +55,12 @@ pub(super) async fn check(
             Ok(())
         }
         Gate::ReconciliationPassed => {
-            let passed: Option<i64> = sqlx::query_scalar(
-                "SELECT r.id FROM reconciliation_runs r JOIN migrations m ON m.id = r.migration_id
-                 WHERE r.migration_id = $1 AND r.passed
+            // The latest finished run since the backfill ended decides: an older pass does
+            // not outweigh a newer run that found problems.
+            let latest: Option<(i64, bool)> = sqlx::query_as(
+                "SELECT r.id, coalesce(r.passed, false) FROM reconciliation_runs r
+                 JOIN migrations m ON m.id = r.migration_id
+                 WHERE r.migration_id = $1 AND r.finished_at IS NOT NULL
                    AND m.backfill_completed_at IS NOT NULL
                    AND r.started_at >= m.backfill_completed_at
                  ORDER BY r.id DESC LIMIT 1",
@@ -65,8 +68,13 @@ pub(super) async fn check(
             .bind(migration.id)
             .fetch_optional(&mut *conn)
             .await?;
-            match passed {
-                Some(_) => Ok(()),
+            match latest {
+                Some((_, true)) => Ok(()),
+                Some((run, false)) => closed(format!(
+                    "the latest reconciliation run ({run}) found problems \
+                     (`reshard reconcile show {} --run {run}`, `reshard repair {}`)",
+                    migration.id, migration.id
+                )),
                 None => closed(format!(
                     "no passing reconciliation run since the backfill ended (`reshard reconcile {}`)",
                     migration.id

@@ -179,6 +179,21 @@ impl Store {
         .await?)
     }
 
+    /// The migration a collection's routers follow: the active one, or else the one that
+    /// ended last (its final epoch is what routers acknowledge after `completed` or
+    /// `rolled_back`); `None` when the collection never had one.
+    pub async fn followed_migration(&self, collection: &str) -> StoreResult<Option<Migration>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE collection = $1
+             ORDER BY (phase NOT IN ('completed', 'rolled_back')) DESC,
+                      finished_at DESC NULLS LAST, id DESC
+             LIMIT 1"
+        ))
+        .bind(collection)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
     pub async fn migrations(&self, include_ended: bool) -> StoreResult<Vec<Migration>> {
         Ok(sqlx::query_as(&format!(
             "SELECT {MIGRATION_COLUMNS} FROM migrations

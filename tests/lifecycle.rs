@@ -1,0 +1,383 @@
+//! A migration's two endings on real servers: forward through cleanup to `completed` (with the
+//! tombstone purge), and a rollback in the middle of the backfill while the example
+//! application keeps writing. Also: cleanup refuses to delete a document its target lacks.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use mongodb::bson::{doc, Document};
+use mongodb::Database;
+use reshard::backfill::{Worker, WorkerConfig};
+use reshard::routing::{KeyValue, Location, RoutingVersion};
+use support::{heavy_tests_enabled, PgDb, World};
+
+fn reshard(db: &PgDb, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", db.url())
+        .env_remove("DATABASE_URL")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(db: &PgDb, args: &[&str]) -> String {
+    let out = reshard(db, args);
+    assert!(
+        out.status.success(),
+        "reshard {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn databases(shards: &HashMap<String, Database>) -> BTreeMap<String, Database> {
+    shards.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Runs one worker for the migration until its current task is done.
+async fn work(w: &World) {
+    let mut config = WorkerConfig::new("test-worker");
+    config.migration = Some(w.migration);
+    config.exit_when_done = true;
+    config.lease_ttl = Duration::from_secs(5);
+    config.idle_poll = Duration::from_millis(200);
+    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    Worker::with_shards(w.store.clone(), databases(&w.shards), config)
+        .run(shutdown)
+        .await
+        .unwrap();
+}
+
+fn location(v: &RoutingVersion, tenant: &str, id: &str) -> (Location, u32) {
+    let l = v
+        .locate(
+            &KeyValue::String(tenant.into()),
+            &KeyValue::String(id.into()),
+        )
+        .unwrap();
+    (l.locations[0].clone(), l.sub_bucket)
+}
+
+async fn seed(w: &World, n: usize) -> Vec<(String, String)> {
+    let mut seeded = Vec::new();
+    for i in 0..n {
+        let tenant = if i % 3 == 0 {
+            "cust-hot".to_owned()
+        } else {
+            format!("cust-{:04}", i % 40 + 2)
+        };
+        let id = format!("old-{i:04}");
+        let (l, _) = location(&w.v1, &tenant, &id);
+        w.shards[&l.shard]
+            .collection::<Document>(&l.collection)
+            .insert_one(doc! { "_id": &id, "customerId": &tenant, "qty": i as i32 })
+            .await
+            .unwrap();
+        seeded.push((tenant, id));
+    }
+    seeded
+}
+
+async fn find(w: &World, l: &Location, id: &str) -> Option<Document> {
+    w.shards[&l.shard]
+        .collection::<Document>(&l.collection)
+        .find_one(doc! { "_id": id })
+        .await
+        .unwrap()
+}
+
+async fn all(w: &World, l: &Location, filter: Document) -> Vec<Document> {
+    w.shards[&l.shard]
+        .collection::<Document>(&l.collection)
+        .find(filter)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstones() {
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    let seeded = seed(&w, 240).await;
+    let router = reshard::router::Router::with_shards(
+        w.store.clone(),
+        "orders",
+        reshard::router::RouterConfig::named("app"),
+        w.shards.clone(),
+    )
+    .await
+    .unwrap();
+    for phase in ["dual_read", "write_switch", "backfill"] {
+        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+    }
+    // The application deletes two old orders while the backfill has not copied them: their
+    // tombstones must keep cleanup from resurrecting or losing anything.
+    let deleted: Vec<&(String, String)> = seeded.iter().take(2).collect();
+    for (tenant, oid) in &deleted {
+        assert!(router.delete(tenant.as_str(), oid.as_str()).await.unwrap());
+    }
+    work(&w).await;
+    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    ok(&w.db, &["reconcile", &id, "--sample", "50"]);
+    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
+    work(&w).await;
+    let totals = w.store.task_totals(w.migration, "cleanup").await.unwrap();
+    assert!(
+        totals.partitions > 0 && totals.done == totals.partitions,
+        "{totals:?}"
+    );
+    assert_eq!(
+        totals.scanned,
+        totals.deleted + totals.kept + totals.dead_lettered,
+        "{totals:?}"
+    );
+    ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);
+
+    let mut moved = 0;
+    for (tenant, oid) in &seeded {
+        let (from, _) = location(&w.v1, tenant, oid);
+        let (to, bucket) = location(&w.v2, tenant, oid);
+        let gone = deleted.iter().any(|(_, d)| d == oid);
+        let at_source = find(&w, &from, oid).await;
+        let at_target = find(&w, &to, oid).await;
+        if gone {
+            assert!(
+                at_source.is_none() && at_target.is_none(),
+                "{oid} came back"
+            );
+        } else if from == to {
+            let d = at_source.unwrap_or_else(|| panic!("{oid} never moved and must stay"));
+            assert_eq!(d.get_i32("bucket").unwrap(), bucket as i32);
+        } else {
+            moved += 1;
+            assert!(
+                at_source.is_none(),
+                "{oid} moved but is still in the source"
+            );
+            assert!(at_target.is_some(), "{oid} is missing from {to}");
+        }
+    }
+    assert!(moved > 0);
+    assert_eq!(totals.deleted, moved + 2 - deleted_that_stay(&w, &deleted));
+    for t in w.v2.locations() {
+        assert!(
+            all(&w, &t, doc! { "_reshard.deleted": true })
+                .await
+                .is_empty(),
+            "tombstones left in {t}"
+        );
+    }
+    let history = ok(&w.db, &["migration", "history", &id, "--output", "json"]);
+    for kind in ["cleanup_planned", "tombstones_purged"] {
+        assert!(history.contains(kind), "no {kind} event: {history}");
+    }
+    for (tenant, oid) in seeded.iter().skip(2).take(20) {
+        assert!(router
+            .get(tenant.as_str(), oid.as_str())
+            .await
+            .unwrap()
+            .is_some());
+    }
+    router.shutdown().await;
+}
+
+/// Of the deleted documents, those that never move had no source copy to delete apart from
+/// the tombstone the router wrote in place.
+fn deleted_that_stay(w: &World, deleted: &[&(String, String)]) -> i64 {
+    deleted
+        .iter()
+        .filter(|(t, o)| location(&w.v1, t, o).0 == location(&w.v2, t, o).0)
+        .count() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_stops_and_fails_the_migration_when_a_target_copy_is_missing() {
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    let seeded = seed(&w, 120).await;
+    for phase in ["dual_read", "write_switch", "backfill"] {
+        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+    }
+    work(&w).await;
+    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    ok(&w.db, &["reconcile", &id, "--full"]);
+    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    // After the passing run, someone deletes a copy from the target by hand.
+    let (tenant, lost) = seeded
+        .iter()
+        .find(|(t, o)| location(&w.v1, t, o).0 != location(&w.v2, t, o).0)
+        .unwrap();
+    let (to, _) = location(&w.v2, tenant, lost);
+    w.shards[&to.shard]
+        .collection::<Document>(&to.collection)
+        .delete_one(doc! { "_id": lost })
+        .await
+        .unwrap();
+    ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
+    work(&w).await;
+
+    let m = w.store.migration(w.migration).await.unwrap();
+    let reason = m.failure_reason.expect("cleanup must fail the migration");
+    assert!(reason.contains(lost.as_str()), "{reason}");
+    let (from, _) = location(&w.v1, tenant, lost);
+    assert!(
+        find(&w, &from, lost).await.is_some(),
+        "the only copy was deleted"
+    );
+    let out = reshard(&w.db, &["migration", "advance", &id, "--to", "completed"]);
+    assert!(!out.status.success(), "a failed cleanup cannot complete");
+}
+
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    dir.join("examples").join("orders_app")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() {
+    let seconds: u64 = if heavy_tests_enabled() { 40 } else { 24 };
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    seed(&w, 300).await;
+    // Slow enough that the rollback lands in the middle of the backfill.
+    ok(
+        &w.db,
+        &[
+            "throttle",
+            "set",
+            &id,
+            "--max-docs-per-sec",
+            "30",
+            "--batch-size",
+            "10",
+        ],
+    );
+
+    let ledger = tempfile::NamedTempFile::new().unwrap();
+    let app = Command::new(example_binary())
+        .env("RESHARD_DATABASE_URL", w.db.url())
+        .args([
+            "--seconds",
+            &seconds.to_string(),
+            "--rate",
+            "120",
+            "--workers",
+            "3",
+        ])
+        .args(["--seed", "11", "--ledger", ledger.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pause = Duration::from_secs(2);
+    tokio::time::sleep(pause).await;
+    for phase in ["dual_read", "write_switch", "backfill"] {
+        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        tokio::time::sleep(pause).await;
+    }
+    let worker = Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", w.db.url())
+        .args([
+            "worker",
+            "--migration",
+            &id,
+            "--exit-when-done",
+            "--lease-ttl-secs",
+            "5",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = w.store.task_totals(w.migration, "backfill").await.unwrap();
+    assert!(
+        before.partitions > 0 && before.done < before.partitions && before.scanned > 0,
+        "the rollback must land mid-backfill: {before:?}"
+    );
+
+    ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
+    ok(
+        &w.db,
+        &[
+            "throttle",
+            "set",
+            &id,
+            "--max-docs-per-sec",
+            "100000",
+            "--batch-size",
+            "500",
+        ],
+    );
+    let out = tokio::task::spawn_blocking(move || worker.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "worker: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let revert = w.store.task_totals(w.migration, "revert").await.unwrap();
+    assert!(
+        revert.partitions > 0 && revert.done == revert.partitions,
+        "{revert:?}"
+    );
+    ok(
+        &w.db,
+        &["migration", "advance", &id, "--to", "revert_switch"],
+    );
+    let m = w.store.migration(w.migration).await.unwrap();
+    assert_eq!(m.phase().as_str(), "rolled_back");
+
+    let out = tokio::task::spawn_blocking(move || app.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the app found anomalies: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let check = Command::new(example_binary())
+        .env("RESHARD_DATABASE_URL", w.db.url())
+        .args(["--check", "--ledger", ledger.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "ledger check failed: {report}");
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["anomalies"], 0, "{report}");
+    assert!(
+        report["check"]["checked"].as_u64().unwrap() > 50,
+        "{report}"
+    );
+
+    // The target is gone: its own collection dropped, nothing of it left in shared ones.
+    let only_target = Location::new("s4", "orders_v2");
+    let names = w.shards["s4"].list_collection_names().await.unwrap();
+    assert!(!names.contains(&only_target.collection), "{names:?}");
+    for l in w.v1.locations() {
+        for d in all(&w, &l, doc! {}).await {
+            assert!(
+                !reshard::router::is_tombstone(&d),
+                "tombstone left in {l}: {d}"
+            );
+            let tenant = KeyValue::from_bson(d.get("customerId").unwrap()).unwrap();
+            let oid = KeyValue::from_bson(d.get("_id").unwrap()).unwrap();
+            assert!(
+                w.v1.locate(&tenant, &oid).unwrap().locations.contains(&l),
+                "{d} does not belong in {l}"
+            );
+        }
+    }
+}
