@@ -99,6 +99,11 @@ async fn unthrottled_copy_against_raw_ingest() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60_000);
+    // Partitions the planner aims at (each opens one `_id`-range cursor on the source).
+    let partitions: usize = std::env::var("RESHARD_BENCH_PARTITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
     let shards = Shards::start(4).await;
     let pg = PgDb::fresh().await;
     let store = Store::connect_unchecked(&pg.url()).await.unwrap();
@@ -147,7 +152,7 @@ async fn unthrottled_copy_against_raw_ingest() {
             |s| {
                 s.max_docs_per_sec = 1e9;
                 s.batch_size = BATCH;
-                s.documents_per_partition = (n / 4) as u64;
+                s.documents_per_partition = (n / partitions).max(1) as u64;
             },
             "bench",
             None,
