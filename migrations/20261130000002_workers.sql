@@ -43,3 +43,9 @@ ALTER TABLE reconciliation_findings ADD COLUMN stratum text,
 
 -- When the target's tombstones were purged (after every router acknowledged `completed`).
 ALTER TABLE migrations ADD COLUMN tombstones_purged_at timestamptz;
+
+-- A full reconciliation is partitioned and leased like backfill: its `verify` partitions copy
+-- the backfill's ranges and belong to one run; `outcomes` counts what the checks found
+-- (copied, superseded, deleted, stayed, ... per kind), and `scanned = kept` for them.
+ALTER TABLE partitions ADD COLUMN run_id bigint REFERENCES reconciliation_runs (id),
+                       ADD COLUMN outcomes jsonb NOT NULL DEFAULT '{}'::jsonb;

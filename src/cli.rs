@@ -108,9 +108,16 @@ pub struct ReconcileArgs {
     /// Samples per stratum (each clean stratum of k samples bounds its defect rate by 3/k).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub sample: u64,
-    /// Check every source document, not samples.
+    /// Check every source document, not samples (partitioned and leased like backfill; run
+    /// it in several processes, or continue an interrupted run with --resume).
     #[arg(long)]
     pub full: bool,
+    /// Continue the unfinished full run RUN (after a crash, or to help another process).
+    #[arg(long, value_name = "RUN")]
+    pub resume: Option<i64>,
+    /// Partitions verified at once by this process (full runs).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
     /// How samples are grouped.
     #[arg(long, value_enum, default_value_t = StratifyArg::Shard)]
     pub stratify: StratifyArg,

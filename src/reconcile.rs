@@ -58,6 +58,10 @@ pub struct ReconcileOptions {
     pub recheck_delay: Duration,
     /// At most this many tenant strata per location.
     pub max_strata: usize,
+    /// Skip the presence and content checks (a leased full run did them partition by
+    /// partition); counts and placement still run.
+    #[serde(skip)]
+    pub presence_done: bool,
 }
 
 mod millis {
@@ -77,6 +81,7 @@ impl Default for ReconcileOptions {
             stratify: Stratify::Shard,
             recheck_delay: Duration::from_secs(2),
             max_strata: 1_000,
+            presence_done: false,
         }
     }
 }
@@ -443,7 +448,7 @@ fn finding(kind: &str, id: &Bson, stratum: &str, details: serde_json::Value) -> 
     }
 }
 
-fn tally(
+pub fn tally(
     result: &mut RunResult,
     stratum: &mut Stratum,
     checked: Vec<(Bson, Outcome)>,
@@ -522,8 +527,13 @@ pub async fn run(
     }
 
     // Presence and content.
+    let locations = if options.presence_done {
+        Vec::new()
+    } else {
+        scene.from.locations()
+    };
     let mut rate = AdaptiveRate::new(settings.throttle_share(1), Instant::now());
-    for location in scene.from.locations() {
+    for location in locations {
         let scope = plan::location_scope(&scene.from, &scene.to, &location);
         let Some(filter) = plan::scope_filter(&scene.from.tenant_key, &scope) else {
             continue;
@@ -886,6 +896,150 @@ pub async fn repair(
         done.push((f.id, what));
     }
     Ok(done)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// The presence and content checks of a full run, partitioned and leased like backfill: every
+/// process running this for the same run (`reshard reconcile ID --full`, `--resume RUN`)
+/// claims `verify` partitions, reads each through one cursor in `_id` order from its
+/// checkpoint, checks batch by batch at the migration's throttled rate, and stores each
+/// batch's findings with its checkpoint. Returns when no partition is left to claim.
+pub async fn verify_leased(
+    store: &crate::store::Store,
+    scene: &Scene,
+    run_id: i64,
+    settings: &MigrationSettings,
+    owner: &str,
+    concurrency: usize,
+    ttl: Duration,
+) -> Result<(), VerifyError> {
+    let rate = std::sync::Mutex::new(AdaptiveRate::new(
+        settings.throttle_share(1),
+        Instant::now(),
+    ));
+    let one_loop = || async {
+        loop {
+            let token = uuid::Uuid::new_v4();
+            let Some(p) = store
+                .claim_verify_partition(run_id, token, owner, ttl)
+                .await?
+            else {
+                return Ok::<(), VerifyError>(());
+            };
+            let keeper = {
+                let (store, id) = (store.clone(), p.id);
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(ttl / 3).await;
+                        if !matches!(store.extend_partition_lease(id, token, ttl).await, Ok(true)) {
+                            return;
+                        }
+                    }
+                })
+            };
+            let result = verify_partition(store, scene, &p, token, ttl, settings, &rate).await;
+            keeper.abort();
+            result?;
+        }
+    };
+    let loops = (0..concurrency.max(1)).map(|_| one_loop());
+    for r in futures::future::join_all(loops).await {
+        r?;
+    }
+    Ok(())
+}
+
+async fn verify_partition(
+    store: &crate::store::Store,
+    scene: &Scene,
+    p: &crate::store::partitions::Partition,
+    token: uuid::Uuid,
+    ttl: Duration,
+    settings: &MigrationSettings,
+    rate: &std::sync::Mutex<AdaptiveRate>,
+) -> Result<(), VerifyError> {
+    let location = Location::new(p.source_shard.clone(), p.source_collection.clone());
+    let Some(db) = scene.shards.get(&location.shard) else {
+        return Ok(());
+    };
+    let mut filter = match &p.tenant_filter {
+        Some(t) => {
+            let tenants: Vec<KeyValue> = serde_json::from_value(t.clone()).unwrap_or_default();
+            plan::tenant_filter(&scene.from.tenant_key, &tenants)
+        }
+        None => Document::new(),
+    };
+    let bracket = ids::Bracket::parse(&p.id_type).unwrap_or(ids::Bracket::String);
+    let decode = |b: &Option<Vec<u8>>| b.as_deref().and_then(|b| ids::decode(b).ok());
+    filter.extend(ids::range_filter(
+        bracket,
+        decode(&p.lower_bound).as_ref(),
+        decode(&p.last_id).as_ref(),
+        decode(&p.upper_bound).as_ref(),
+    ));
+    let mut outcomes: BTreeMap<String, u64> =
+        serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
+    let mut cursor = db
+        .collection::<Document>(&location.collection)
+        .find(filter)
+        .sort(doc! { "_id": 1 })
+        .await
+        .map_err(read_err(&location))?;
+    let name = format!("full:{location}");
+    loop {
+        let mut batch = Vec::with_capacity(settings.batch_size);
+        while batch.len() < settings.batch_size {
+            match cursor.try_next().await.map_err(read_err(&location))? {
+                Some(d) => batch.push(d),
+                None => break,
+            }
+        }
+        if batch.is_empty() {
+            store
+                .checkpoint_verify(p, token, ttl, None, 0, &json!(outcomes), &[], true)
+                .await?;
+            return Ok(());
+        }
+        let wait = rate
+            .lock()
+            .unwrap()
+            .permit(batch.len() as u64, Instant::now());
+        tokio::time::sleep(wait).await;
+        let last_id = batch.last().and_then(|d| d.get("_id")).map(ids::encode);
+        let checked = check_batch(scene, &location, &batch).await?;
+        let mut result = RunResult::default();
+        let mut stratum = Stratum {
+            name: name.clone(),
+            ..Stratum::default()
+        };
+        tally(&mut result, &mut stratum, checked, &location);
+        for (k, n) in result.counts {
+            *outcomes.entry(k.to_owned()).or_default() += n;
+        }
+        let stored = store
+            .checkpoint_verify(
+                p,
+                token,
+                ttl,
+                last_id.as_deref(),
+                stratum.samples as i64,
+                &json!(outcomes),
+                &result.findings,
+                false,
+            )
+            .await?;
+        if !stored {
+            // The lease was taken over: whoever holds it goes on from the last checkpoint.
+            return Ok(());
+        }
+    }
 }
 
 /// Whether a scope is the whole location (for reports).

@@ -26,7 +26,7 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
     let (scene, settings) = scene(ctx, &m).await?;
     let options = ReconcileOptions {
         sample: args.sample as usize,
-        full: args.full,
+        full: args.full || args.resume.is_some(),
         stratify: match args.stratify {
             StratifyArg::Bucket => Stratify::Bucket,
             StratifyArg::Tenant => Stratify::Tenant,
@@ -36,29 +36,172 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
         ..ReconcileOptions::default()
     };
     let partitions = ctx.store.partitions(id, "backfill").await?;
-    let run = ctx
-        .store
-        .start_reconciliation(
-            id,
-            if options.full { "full" } else { "sample" },
-            json!(options),
-        )
-        .await?;
-    tracing::info!(migration = id, run = run.id, "reconciliation started");
     let failed = |e: reconcile::ReadError| Error::failed(crate::redact::redact_uri(&e.to_string()));
+    let run = match args.resume {
+        Some(r) => {
+            let run = ctx.store.reconciliation_run(id, Some(r)).await?;
+            if run.finished_at.is_some() || run.mode != "full" {
+                return Err(Error::bad_input(format!(
+                    "reconciliation run {r} of migration {id} cannot be resumed: only an \
+                     unfinished full run can (it is {}, {})",
+                    run.mode,
+                    if run.finished_at.is_some() {
+                        "finished"
+                    } else {
+                        "unfinished"
+                    }
+                )));
+            }
+            run
+        }
+        None => {
+            let run = ctx
+                .store
+                .start_reconciliation(
+                    id,
+                    if options.full { "full" } else { "sample" },
+                    json!(options),
+                )
+                .await?;
+            if options.full {
+                ctx.store.plan_verify(run.id, id).await?;
+            }
+            run
+        }
+    };
+    tracing::info!(migration = id, run = run.id, "reconciliation started");
+    let mut stored_findings = Vec::new();
+    let mut full_outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut full_strata = Vec::new();
+    if options.full {
+        // Presence and content, leased partition by partition (resumable, shareable).
+        let owner = format!("{}:{} (reconcile)", super::hostname(), std::process::id());
+        loop {
+            reconcile::verify_leased(
+                &ctx.store,
+                &scene,
+                run.id,
+                &settings,
+                &owner,
+                args.concurrency as usize,
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|e| match e {
+                reconcile::VerifyError::Read(r) => failed(r),
+                reconcile::VerifyError::Store(s) => Error::from(s),
+            })?;
+            let verify = ctx.store.verify_partitions(run.id).await?;
+            if verify.iter().all(|p| p.state == "done") {
+                let mut per_location: BTreeMap<String, u64> = BTreeMap::new();
+                for p in &verify {
+                    *per_location
+                        .entry(format!("full:{}/{}", p.source_shard, p.source_collection))
+                        .or_default() += p.scanned as u64;
+                    let o: BTreeMap<String, u64> =
+                        serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
+                    for (k, n) in o {
+                        *full_outcomes.entry(k).or_default() += n;
+                    }
+                }
+                full_strata = per_location.into_iter().collect();
+                break;
+            }
+            // Another process holds the rest; wait for it, or for its lease to expire.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        stored_findings = ctx.store.findings(run.id).await?;
+    }
+    let options = ReconcileOptions {
+        presence_done: options.full,
+        ..options
+    };
     let mut result = reconcile::run(&scene, &partitions, &settings, &options)
         .await
         .map_err(failed)?;
-    if !result.findings.is_empty() {
+    for (name, samples) in full_strata {
+        let defects = stored_findings
+            .iter()
+            .filter(|f| f.stratum.as_deref() == Some(name.as_str()))
+            .count() as u64;
+        result.strata.push(reconcile::Stratum {
+            bound: if defects == 0 {
+                reconcile::defect_bound(samples)
+            } else {
+                None
+            },
+            name,
+            samples,
+            defects,
+        });
+    }
+    for (k, n) in &full_outcomes {
+        let key: &'static str = match k.as_str() {
+            "copied" => "copied",
+            "superseded" => "superseded",
+            "deleted" => "deleted",
+            "stayed" => "stayed",
+            "ignored" => "ignored",
+            "missing" => "missing",
+            "mismatched" => "mismatched",
+            "misplaced" => "misplaced",
+            _ => continue,
+        };
+        *result.counts.entry(key).or_default() += n;
+    }
+    // Findings stored by the partitions are checked again like the others; the cleared ones
+    // are removed from the run.
+    let stored: Vec<_> = stored_findings
+        .iter()
+        .map(|f| crate::store::reconcile::NewFinding {
+            kind: f.kind.clone(),
+            doc_id: f.doc_id.clone(),
+            doc_id_text: f.doc_id_text.clone(),
+            stratum: f.stratum.clone(),
+            details: f.details.clone(),
+        })
+        .collect();
+    let mut all = stored.clone();
+    all.append(&mut result.findings);
+    if !all.is_empty() {
         tokio::time::sleep(options.recheck_delay).await;
-        let (kept, gone) =
-            reconcile::recheck(&scene, &partitions, std::mem::take(&mut result.findings))
-                .await
-                .map_err(failed)?;
-        result.findings = kept;
+        let (kept, gone) = reconcile::recheck(&scene, &partitions, all)
+            .await
+            .map_err(failed)?;
         result.rechecked_away = gone;
+        // Stored findings that persist stay stored; new ones are stored with the verdict.
+        let mut cleared = Vec::new();
+        for (f, n) in stored_findings.iter().zip(&stored) {
+            if !kept.contains(n) {
+                cleared.push(f.id);
+            }
+        }
+        ctx.store.delete_findings(&cleared).await?;
+        result.findings = kept.into_iter().filter(|f| !stored.contains(f)).collect();
+        let mut everything = result.findings.clone();
+        everything.extend(
+            stored_findings
+                .iter()
+                .zip(&stored)
+                .filter(|(f, _)| !cleared.contains(&f.id))
+                .map(|(_, n)| n.clone()),
+        );
+        let (passed, by_kind) = reconcile::verdict(&everything, &settings);
+        return finish(ctx, id, &run, passed, by_kind, &result, &settings).await;
     }
     let (passed, by_kind) = reconcile::verdict(&result.findings, &settings);
+    finish(ctx, id, &run, passed, by_kind, &result, &settings).await
+}
+
+async fn finish(
+    ctx: &Ctx,
+    id: i64,
+    run: &crate::store::reconcile::Run,
+    passed: bool,
+    by_kind: BTreeMap<String, u64>,
+    result: &reconcile::RunResult,
+    settings: &MigrationSettings,
+) -> Result<()> {
     let summary = json!({
         "passed": passed,
         "findings": by_kind,
@@ -76,16 +219,15 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
         .store
         .finish_reconciliation(run.id, passed, summary, &result.findings, &ctx.actor)
         .await?;
+    let found: u64 = by_kind.values().sum();
     print_run(ctx, &run, &ctx.store.findings(run.id).await?)?;
     if passed {
         Ok(())
     } else {
         Err(Error::failed(format!(
-            "reconciliation run {} found {} problem(s); see `reshard reconcile show {id} --run {}`, \
+            "reconciliation run {} found {found} problem(s); see `reshard reconcile show {id} --run {}`, \
              fix with `reshard repair {id}`",
-            run.id,
-            result.findings.len(),
-            run.id
+            run.id, run.id
         )))
     }
 }

@@ -114,6 +114,10 @@ pub struct Partition {
     pub skipped_foreign: i64,
     pub deleted: i64,
     pub kept: i64,
+    /// The reconciliation run a `verify` partition belongs to.
+    pub run_id: Option<i64>,
+    /// What a `verify` partition's checks found, per outcome.
+    pub outcomes: serde_json::Value,
     pub approx_documents: Option<i64>,
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
@@ -121,10 +125,10 @@ pub struct Partition {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-const PARTITION_COLUMNS: &str = "id, migration_id, task, source_shard, source_collection, id_type,
+pub(super) const PARTITION_COLUMNS: &str = "id, migration_id, task, source_shard, source_collection, id_type,
     lower_bound, upper_bound, tenant_filter, state, lease_token, lease_owner, lease_expires_at,
     last_id, scanned, inserted, already_present, stamped, dead_lettered, skipped_foreign,
-    deleted, kept, approx_documents, attempts, created_at, started_at, finished_at";
+    deleted, kept, run_id, outcomes, approx_documents, attempts, created_at, started_at, finished_at";
 
 /// What one batch added to a partition, stored with its checkpoint.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -69,7 +69,8 @@ impl Store {
         .await?)
     }
 
-    /// Stores a run's findings and verdict, and an event naming both.
+    /// Stores a run's findings and verdict, and an event naming both. A run finishes once:
+    /// `NotFound` when another process finished it first.
     pub async fn finish_reconciliation(
         &self,
         run_id: i64,
@@ -79,6 +80,17 @@ impl Store {
         actor: &str,
     ) -> StoreResult<Run> {
         let mut tx = self.pool().begin().await?;
+        let open: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM reconciliation_runs WHERE id = $1 AND finished_at IS NULL FOR UPDATE",
+        )
+        .bind(run_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if open.is_none() {
+            return Err(StoreError::NotFound(format!(
+                "reconciliation run {run_id} is already finished"
+            )));
+        }
         for f in findings {
             sqlx::query(
                 "INSERT INTO reconciliation_findings (run_id, kind, doc_id, doc_id_text, stratum, details)
@@ -155,6 +167,117 @@ impl Store {
         })
     }
 
+    /// Creates the `verify` partitions of a full run: the backfill's ranges.
+    pub async fn plan_verify(&self, run_id: i64, migration_id: i64) -> StoreResult<u64> {
+        let r = sqlx::query(
+            "INSERT INTO partitions (migration_id, task, run_id, source_shard, source_collection,
+                 id_type, lower_bound, upper_bound, tenant_filter, approx_documents)
+             SELECT migration_id, 'verify', $1, source_shard, source_collection, id_type,
+                    lower_bound, upper_bound, tenant_filter, scanned
+             FROM partitions WHERE migration_id = $2 AND task = 'backfill' ORDER BY id",
+        )
+        .bind(run_id)
+        .bind(migration_id)
+        .execute(self.pool())
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    /// Claims a `verify` partition of a run (pending, or its lease expired).
+    pub async fn claim_verify_partition(
+        &self,
+        run_id: i64,
+        token: uuid::Uuid,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> StoreResult<Option<super::partitions::Partition>> {
+        Ok(sqlx::query_as(&format!(
+            "UPDATE partitions SET state = 'leased', lease_token = $2, lease_owner = $3,
+                 lease_expires_at = now() + make_interval(secs => $4), attempts = attempts + 1,
+                 started_at = coalesce(started_at, now())
+             WHERE id = (
+                 SELECT id FROM partitions
+                 WHERE run_id = $1 AND task = 'verify'
+                   AND (state = 'pending' OR (state = 'leased' AND lease_expires_at < now()))
+                 ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+             RETURNING {}",
+            super::partitions::PARTITION_COLUMNS
+        ))
+        .bind(run_id)
+        .bind(token)
+        .bind(owner)
+        .bind(ttl.as_secs_f64())
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    /// Records a verified batch: resume point, counters, outcomes and findings, fenced by the
+    /// lease token; `done` also ends the partition. `false`: the lease is gone.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn checkpoint_verify(
+        &self,
+        partition: &super::partitions::Partition,
+        token: uuid::Uuid,
+        ttl: std::time::Duration,
+        last_id: Option<&[u8]>,
+        checked: i64,
+        outcomes: &serde_json::Value,
+        findings: &[NewFinding],
+        done: bool,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool().begin().await?;
+        let r = sqlx::query(
+            "UPDATE partitions SET last_id = coalesce($3, last_id), scanned = scanned + $4,
+                 kept = kept + $4, outcomes = $5,
+                 lease_expires_at = now() + make_interval(secs => $6),
+                 state = CASE WHEN $7 THEN 'done' ELSE state END,
+                 finished_at = CASE WHEN $7 THEN now() ELSE finished_at END
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
+        )
+        .bind(partition.id)
+        .bind(token)
+        .bind(last_id)
+        .bind(checked)
+        .bind(outcomes)
+        .bind(ttl.as_secs_f64())
+        .bind(done)
+        .execute(&mut *tx)
+        .await?;
+        if r.rows_affected() != 1 {
+            return Ok(false);
+        }
+        for f in findings {
+            sqlx::query(
+                "INSERT INTO reconciliation_findings (run_id, kind, doc_id, doc_id_text, stratum, details)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(partition.run_id)
+            .bind(&f.kind)
+            .bind(&f.doc_id)
+            .bind(&f.doc_id_text)
+            .bind(&f.stratum)
+            .bind(&f.details)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The `verify` partitions of a run.
+    pub async fn verify_partitions(
+        &self,
+        run_id: i64,
+    ) -> StoreResult<Vec<super::partitions::Partition>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {} FROM partitions WHERE run_id = $1 AND task = 'verify' ORDER BY id",
+            super::partitions::PARTITION_COLUMNS
+        ))
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
     pub async fn findings(&self, run_id: i64) -> StoreResult<Vec<Finding>> {
         Ok(sqlx::query_as(&format!(
             "SELECT {FINDING_COLUMNS} FROM reconciliation_findings WHERE run_id = $1 ORDER BY id"
@@ -162,6 +285,18 @@ impl Store {
         .bind(run_id)
         .fetch_all(self.pool())
         .await?)
+    }
+
+    /// Removes findings that cleared on re-check.
+    pub async fn delete_findings(&self, ids: &[i64]) -> StoreResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("DELETE FROM reconciliation_findings WHERE id = ANY($1)")
+            .bind(ids)
+            .execute(self.pool())
+            .await?;
+        Ok(())
     }
 
     /// Repair dealt with a finding.
