@@ -118,6 +118,10 @@ pub struct ReconcileArgs {
     /// Partitions verified at once by this process (full runs).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
+    /// Seconds a verify partition's lease lasts without a heartbeat (full runs); another
+    /// process resumes it after that.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub lease_ttl_secs: u64,
     /// How samples are grouped.
     #[arg(long, value_enum, default_value_t = StratifyArg::Shard)]
     pub stratify: StratifyArg,

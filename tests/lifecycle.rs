@@ -381,3 +381,115 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    let seeded = seed(&w, 300).await;
+    for phase in ["dual_read", "write_switch", "backfill"] {
+        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+    }
+    work(&w).await;
+    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    // Slow, so that the kill lands in the middle of the run.
+    ok(
+        &w.db,
+        &[
+            "throttle",
+            "set",
+            &id,
+            "--max-docs-per-sec",
+            "60",
+            "--batch-size",
+            "10",
+        ],
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", w.db.url())
+        .args([
+            "reconcile",
+            &id,
+            "--full",
+            "--concurrency",
+            "1",
+            "--lease-ttl-secs",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never checkpointed"
+        );
+        if let Ok(run) = w.store.reconciliation_runs(w.migration).await {
+            if let Some(run) = run.first() {
+                let parts = w.store.verify_partitions(run.id).await.unwrap();
+                if parts.iter().any(|p| p.scanned > 0) {
+                    break run.id;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let parts = w.store.verify_partitions(run).await.unwrap();
+    assert!(parts.iter().any(|p| p.state != "done"), "killed too late");
+    let done_before: i64 = parts.iter().map(|p| p.scanned).sum();
+    assert!(done_before > 0);
+
+    // A second process takes over once the lease expires, from the checkpoints.
+    ok(
+        &w.db,
+        &[
+            "throttle",
+            "set",
+            &id,
+            "--max-docs-per-sec",
+            "100000",
+            "--batch-size",
+            "500",
+        ],
+    );
+    ok(
+        &w.db,
+        &[
+            "reconcile",
+            &id,
+            "--resume",
+            &run.to_string(),
+            "--recheck-delay-ms",
+            "100",
+        ],
+    );
+    let parts = w.store.verify_partitions(run).await.unwrap();
+    assert!(parts.iter().all(|p| p.state == "done"), "{parts:?}");
+    assert!(
+        parts.iter().any(|p| p.attempts >= 2),
+        "nothing was taken over: {parts:?}"
+    );
+    // Every source document was checked exactly once: the ones of the killed batch that was
+    // not checkpointed are read again, the checkpointed ones are not.
+    let checked: i64 = parts.iter().map(|p| p.scanned).sum();
+    let outcomes: u64 = parts
+        .iter()
+        .map(|p| {
+            let o: BTreeMap<String, u64> = serde_json::from_value(p.outcomes.clone()).unwrap();
+            o.iter()
+                .filter(|(k, _)| *k != "ignored")
+                .map(|(_, n)| n)
+                .sum::<u64>()
+        })
+        .sum();
+    assert_eq!(checked as u64, outcomes);
+    assert_eq!(checked as usize, seeded.len(), "{parts:?}");
+    let runs = w.store.reconciliation_runs(w.migration).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].passed, Some(true), "{:?}", runs[0].summary);
+    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+}
