@@ -140,6 +140,19 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
         totals.deleted + totals.kept + totals.dead_lettered,
         "{totals:?}"
     );
+    let status: serde_json::Value = serde_json::from_str(&ok(
+        &w.db,
+        &["migration", "status", &id, "--output", "json"],
+    ))
+    .unwrap();
+    assert_eq!(
+        status["cleanup"]["documentsDeleted"].as_i64(),
+        Some(totals.deleted)
+    );
+    assert_eq!(
+        status["cleanup"]["partitionsDone"].as_i64(),
+        Some(totals.partitions)
+    );
     ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);
 
     let mut moved = 0;

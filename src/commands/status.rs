@@ -50,6 +50,8 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
     let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
     let partitions = ctx.store.partitions(id, "backfill").await?;
     let totals = ctx.store.task_totals(id, "backfill").await?;
+    let cleanup = ctx.store.task_totals(id, "cleanup").await?;
+    let revert = ctx.store.task_totals(id, "revert").await?;
     let workers = ctx.store.workers(id).await?;
     let open_dead_letters = ctx.store.dead_letters(id, false).await?.len();
     let events = ctx.store.events(id).await?;
@@ -136,6 +138,23 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             "rateCutEvents": rate_cut_events,
             "capacitySignals": capacity.len(),
             "lastCapacitySignal": capacity.last().map(|e| json!({ "at": e.at, "reason": e.reason })),
+        },
+        "cleanup": {
+            "planned": m.cleanup_planned_at.is_some(),
+            "partitions": cleanup.partitions,
+            "partitionsDone": cleanup.done,
+            "documentsScanned": cleanup.scanned,
+            "documentsDeleted": cleanup.deleted,
+            "documentsKept": cleanup.kept,
+            "tombstonesPurgedAt": m.tombstones_purged_at,
+        },
+        "revert": {
+            "planned": m.revert_planned_at.is_some(),
+            "partitions": revert.partitions,
+            "partitionsDone": revert.done,
+            "documentsScanned": revert.scanned,
+            "documentsWrittenBack": revert.inserted,
+            "documentsAlreadyInSource": revert.already_present,
         },
         "workers": live,
     });
@@ -252,6 +271,29 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
         ),
         ("capacity signals", t["capacitySignals"].to_string()),
     ]);
+    let c = &v["cleanup"];
+    if c["partitions"].as_i64().unwrap_or(0) > 0 {
+        output::fields(&[(
+            "cleanup",
+            format!(
+                "{}/{} partitions, {} deleted, {} kept (never moved)",
+                c["partitionsDone"], c["partitions"], c["documentsDeleted"], c["documentsKept"]
+            ),
+        )]);
+    }
+    let r = &v["revert"];
+    if r["partitions"].as_i64().unwrap_or(0) > 0 {
+        output::fields(&[(
+            "revert copy",
+            format!(
+                "{}/{} partitions, {} written back, {} already in the source",
+                r["partitionsDone"],
+                r["partitions"],
+                r["documentsWrittenBack"],
+                r["documentsAlreadyInSource"]
+            ),
+        )]);
+    }
     if !snap.shards.is_empty() {
         output::table(
             &[
