@@ -85,6 +85,9 @@ impl Slot {
 struct Store {
     source: [Slot; IDS],
     target: [Slot; IDS],
+    /// Whether this migration's mirror wrote the source document (`_reshard.mig`): mirrors
+    /// compare revisions only with what a mirror wrote.
+    mirrored: [bool; IDS],
 }
 
 impl Store {
@@ -96,17 +99,17 @@ impl Store {
     }
 }
 
-/// The document a write leaves behind. In the target, application writes and tombstones take
-/// the previous revision + 1 atomically and copies take 0 (`protocol` module docs); source
-/// writes carry no revision.
-fn written(side: Side, prev: Slot, payload: &Payload<u8>) -> Slot {
-    let rev = match side {
-        Side::Target => prev.rev().map_or(1, |r| r + 1),
-        Side::Source => 0,
-    };
+/// The document a write leaves behind. Application writes and tombstones take the previous
+/// revision + 1 atomically on either side (the product counts source revisions too), and a
+/// copy keeps the revision of the source document it copies (`router::copy_document`).
+fn written(prev: Slot, payload: &Payload<u8>, source_rev: u8) -> Slot {
+    let rev = prev.rev().map_or(1, |r| r + 1);
     match payload {
         Payload::App(v) => Slot::Live { v: *v, rev },
-        Payload::Copy(v) => Slot::Live { v: *v, rev: 0 },
+        Payload::Copy(v) => Slot::Live {
+            v: *v,
+            rev: source_rev,
+        },
         Payload::Tombstone => Slot::Tomb { rev },
     }
 }
@@ -114,12 +117,24 @@ fn written(side: Side, prev: Slot, payload: &Payload<u8>) -> Slot {
 /// Executes one single-document step atomically. `MirrorToSource` is two steps and is run by
 /// the actors through [`mirror_read`] and [`mirror_write`].
 fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
+    let source_rev = store.source[id].rev().unwrap_or(0);
+    if let Step::Insert(Side::Source, _)
+    | Step::ReplaceLive(Side::Source, _)
+    | Step::ReplaceTombstone(Side::Source, _)
+    | Step::UpdateLive(Side::Source, _)
+    | Step::Delete(Side::Source)
+    | Step::DeleteLive(Side::Source)
+    | Step::DeleteTombstone(Side::Source) = step
+    {
+        // A source-path write replaces `_reshard`, so the document is no longer a mirror's.
+        store.mirrored[id] = false;
+    }
     match step {
         Step::Find(side) => Answer::Found(store.slot(*side, id).found()),
         Step::Insert(side, payload) => {
             let slot = store.slot(*side, id);
             if *slot == Slot::Absent {
-                *slot = written(*side, *slot, payload);
+                *slot = written(*slot, payload, source_rev);
                 Answer::Inserted
             } else {
                 Answer::DuplicateKey
@@ -129,7 +144,7 @@ fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             let slot = store.slot(*side, id);
             let hit = matches!(slot, Slot::Live { .. });
             if hit {
-                *slot = written(*side, *slot, payload);
+                *slot = written(*slot, payload, source_rev);
             }
             Answer::Matched(hit)
         }
@@ -137,18 +152,17 @@ fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             let slot = store.slot(*side, id);
             let hit = matches!(slot, Slot::Tomb { .. });
             if hit {
-                *slot = written(*side, *slot, payload);
+                *slot = written(*slot, payload, source_rev);
             }
             Answer::Matched(hit)
         }
         Step::UpdateLive(side, Add(k)) => {
-            let bump = u8::from(*side == Side::Target);
             let slot = store.slot(*side, id);
             match *slot {
                 Slot::Live { v, rev } => {
                     *slot = Slot::Live {
                         v: v.wrapping_add(*k),
-                        rev: rev + bump,
+                        rev: rev + 1,
                     };
                     Answer::Matched(true)
                 }
@@ -188,15 +202,34 @@ fn mirror_read(store: &Store, id: usize) -> Slot {
 
 /// The mirror's second step: the conditional upsert into the source. `by_revision: false` is
 /// the broken variant that writes whatever it read.
-fn mirror_write(store: &mut Store, id: usize, image: Slot, by_revision: bool) -> Answer<u8> {
+fn mirror_write(store: &mut Store, id: usize, image: Slot, rule: MirrorRule) -> Answer<u8> {
     let Some(rev) = image.rev() else {
         return Answer::Matched(false);
     };
-    let newer = store.source[id].rev().is_none_or(|r| r < rev);
-    if newer || !by_revision {
+    let newer = match rule {
+        // The product's filter: `_reshard.mig` differs (a source document no mirror of this
+        // migration wrote is older than any target version) or its revision is lower.
+        MirrorRule::Product => {
+            !store.mirrored[id] || store.source[id].rev().is_none_or(|r| r < rev)
+        }
+        // Broken: revisions compared across the sides, as if one counter ran on both.
+        MirrorRule::RawRevision => store.source[id].rev().is_none_or(|r| r < rev),
+        // Broken: whatever the mirror read wins.
+        MirrorRule::Overwrite => true,
+    };
+    if newer {
         store.source[id] = image;
+        store.mirrored[id] = true;
     }
-    Answer::Matched(newer || !by_revision)
+    Answer::Matched(newer)
+}
+
+/// How a mirror decides whether its image is newer than the source document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MirrorRule {
+    Product,
+    RawRevision,
+    Overwrite,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -349,6 +382,9 @@ enum Broken {
     SkipWriteSwitch,
     /// The rollback mirror overwrites the source whatever its revision.
     MirrorIgnoresRevision,
+    /// The rollback mirror compares its revision with the source document's own, counted by
+    /// source writes before the switch (the product's bug until session 8).
+    MirrorComparesRawRevisions,
     /// The revert copier starts before every router acknowledged `reverting`.
     EarlyRevertCopy,
 }
@@ -424,6 +460,7 @@ impl Model<'_> {
             store: Store {
                 source,
                 target: [Slot::Absent; IDS],
+                mirrored: [false; IDS],
             },
             lin,
         }
@@ -435,6 +472,16 @@ impl Model<'_> {
 
     fn broken(&self, b: Broken) -> bool {
         self.cfg.broken == Some(b)
+    }
+
+    fn mirror_rule(&self) -> MirrorRule {
+        if self.broken(Broken::MirrorIgnoresRevision) {
+            MirrorRule::Overwrite
+        } else if self.broken(Broken::MirrorComparesRawRevisions) {
+            MirrorRule::RawRevision
+        } else {
+            MirrorRule::Product
+        }
     }
 
     fn op(&self, r: usize, i: u8) -> &(usize, Op) {
@@ -615,12 +662,7 @@ impl Model<'_> {
         let Run { mut machine, pend } = run;
         let answer = match pend {
             Pend::MirrorWrite(image) => {
-                let a = mirror_write(
-                    &mut s.store,
-                    id,
-                    image,
-                    !self.broken(Broken::MirrorIgnoresRevision),
-                );
+                let a = mirror_write(&mut s.store, id, image, self.mirror_rule());
                 let _ = write!(log, "mirror writes {image:?} to the source -> {a:?}; ");
                 a
             }
@@ -727,8 +769,11 @@ impl Model<'_> {
                     s.copy_lost = true;
                     Answer::Inserted
                 } else if self.broken(Broken::CopierOverwrites) {
-                    s.store.target[id] =
-                        written(Side::Target, s.store.target[id], &Payload::Copy(v));
+                    s.store.target[id] = written(
+                        s.store.target[id],
+                        &Payload::Copy(v),
+                        s.store.source[id].rev().unwrap_or(0),
+                    );
                     Answer::Inserted
                 } else {
                     execute(&mut s.store, id, &step)
@@ -817,8 +862,7 @@ impl Model<'_> {
                 s.revert_at = Some(image);
             }
             Some(image) => {
-                let by_revision = !self.broken(Broken::MirrorIgnoresRevision);
-                let a = mirror_write(&mut s.store, id, image, by_revision);
+                let a = mirror_write(&mut s.store, id, image, self.mirror_rule());
                 let _ = write!(
                     log,
                     "revert copier: writes {image:?} to source id {id} -> {a:?}"
@@ -896,7 +940,7 @@ fn read(store: &Store, id: usize, phase: Phase) -> Checked<Option<u8>> {
         match next {
             Next::Do(Step::MirrorToSource) => {
                 let image = mirror_read(&store, id);
-                let answer = mirror_write(&mut store, id, image, true);
+                let answer = mirror_write(&mut store, id, image, MirrorRule::Product);
                 next = machine.next(Some(answer)).map_err(|e| e.to_string())?;
             }
             Next::Do(step) => {
@@ -1249,6 +1293,16 @@ fn skipping_the_write_switch_is_caught() {
 fn a_mirror_that_ignores_revisions_is_caught() {
     assert_caught(
         Broken::MirrorIgnoresRevision,
+        false,
+        updates_and_deletes(),
+        "allows",
+    );
+}
+
+#[test]
+fn a_mirror_that_compares_revisions_across_the_sides_is_caught() {
+    assert_caught(
+        Broken::MirrorComparesRawRevisions,
         false,
         updates_and_deletes(),
         "allows",
