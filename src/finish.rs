@@ -16,7 +16,7 @@ use mongodb::Database;
 use serde_json::json;
 
 use crate::router::META;
-use crate::routing::{KeyValue, Location, RoutingVersion};
+use crate::routing::{Location, RoutingVersion};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{location}: {source}")]
@@ -107,12 +107,11 @@ pub async fn remove_target_layout(
             .map_err(at(&t))?;
         let mut foreign = Vec::new();
         while let Some(d) = cursor.try_next().await.map_err(at(&t))? {
-            let placed_here = (|| {
-                let tenant = KeyValue::from_bson(d.get(&from.tenant_key)?).ok()?;
-                let id = KeyValue::from_bson(d.get(&from.id_field)?).ok()?;
-                Some(from.locate(&tenant, &id).ok()?.locations.contains(&t))
-            })()
-            .unwrap_or(false);
+            let placed_here = from
+                .document_keys(&d)
+                .ok()
+                .and_then(|(tenant, id)| from.locate(&tenant, &id).ok())
+                .is_some_and(|l| l.locations.contains(&t));
             if !placed_here {
                 foreign.extend(d.get("_id").cloned());
             }

@@ -65,3 +65,17 @@ pub async fn ping(uri: &str, database: &str) -> Result<(), ShardConnectError> {
             reason: redact_uri(&e.to_string()),
         })
 }
+
+/// A database handle per shard, by shard name. With `bulk_writer`, the clients leave write
+/// retries to the bulk writer ([`writer_client`]).
+pub async fn databases(
+    shards: Vec<crate::store::shards::Shard>,
+    bulk_writer: bool,
+) -> Result<std::collections::BTreeMap<String, mongodb::Database>, ShardConnectError> {
+    let mut databases = std::collections::BTreeMap::new();
+    for shard in shards {
+        let client = connect(shard.uri.expose(), bulk_writer).await?;
+        databases.insert(shard.name, client.database(&shard.database));
+    }
+    Ok(databases)
+}

@@ -158,12 +158,8 @@ pub fn content_differences(
         .collect()
 }
 
-type Routed = (KeyValue, KeyValue);
-
-fn keys_of(from: &RoutingVersion, doc: &Document) -> Option<Routed> {
-    let tenant = KeyValue::from_bson(doc.get(&from.tenant_key)?).ok()?;
-    let id = KeyValue::from_bson(doc.get(&from.id_field)?).ok()?;
-    Some((tenant, id))
+fn keys_of(version: &RoutingVersion, doc: &Document) -> Option<(KeyValue, KeyValue)> {
+    version.document_keys(doc).ok()
 }
 
 /// Checks source documents read at `location` against the target. One `$in` query per target
@@ -181,20 +177,13 @@ pub async fn check_batch(
             out.push((id, Outcome::Ignored));
             continue;
         }
-        let Some((tenant, key)) = keys_of(&scene.from, doc) else {
-            out.push((
-                id,
-                Outcome::Finding {
-                    kind: "missing",
-                    details: json!({ "reason": "the source document cannot be routed" }),
-                },
-            ));
-            continue;
-        };
-        let (Ok(source), Ok(target)) = (
-            scene.from.locate(&tenant, &key),
-            scene.to.locate(&tenant, &key),
-        ) else {
+        let located = keys_of(&scene.from, doc).and_then(|(tenant, key)| {
+            Some((
+                scene.from.locate(&tenant, &key).ok()?,
+                scene.to.locate(&tenant, &key).ok()?,
+            ))
+        });
+        let Some((source, target)) = located else {
             out.push((
                 id,
                 Outcome::Finding {
@@ -335,7 +324,7 @@ pub fn defect_bound(k: u64) -> Option<f64> {
 pub struct RunResult {
     pub findings: Vec<NewFinding>,
     pub strata: Vec<Stratum>,
-    pub counts: BTreeMap<&'static str, u64>,
+    pub counts: BTreeMap<String, u64>,
     pub counts_checked: Vec<serde_json::Value>,
     pub rechecked_away: u64,
 }
@@ -463,7 +452,7 @@ pub fn tally(
             Outcome::Ignored => "ignored",
             Outcome::Finding { kind, .. } => kind,
         };
-        *result.counts.entry(name).or_default() += 1;
+        *result.counts.entry(name.to_owned()).or_default() += 1;
         if matches!(outcome, Outcome::Ignored) {
             continue;
         }
@@ -622,7 +611,7 @@ pub async fn run(
             stratum.samples += 1;
             if !l.locations.contains(target) && !source_here {
                 stratum.defects += 1;
-                *result.counts.entry("misplaced").or_default() += 1;
+                *result.counts.entry("misplaced".to_owned()).or_default() += 1;
                 result.findings.push(finding(
                     "misplaced",
                     &id,
@@ -1021,7 +1010,7 @@ async fn verify_partition(
         };
         tally(&mut result, &mut stratum, checked, &location);
         for (k, n) in result.counts {
-            *outcomes.entry(k.to_owned()).or_default() += n;
+            *outcomes.entry(k).or_default() += n;
         }
         let stored = store
             .checkpoint_verify(

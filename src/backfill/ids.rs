@@ -70,45 +70,8 @@ impl Bracket {
     }
 }
 
-/// Orders two values of one bracket as MongoDB does; values of different brackets by bracket.
-pub fn compare(a: &Bson, b: &Bson) -> Ordering {
-    match (Bracket::of(a), Bracket::of(b)) {
-        (Some(x), Some(y)) if x != y => return x.cmp(&y),
-        _ => {}
-    }
-    match (a, b) {
-        (Bson::String(x), Bson::String(y)) => x.as_bytes().cmp(y.as_bytes()),
-        (Bson::ObjectId(x), Bson::ObjectId(y)) => x.bytes().cmp(&y.bytes()),
-        (Bson::Binary(x), Bson::Binary(y)) => x
-            .bytes
-            .len()
-            .cmp(&y.bytes.len())
-            .then(u8::from(x.subtype).cmp(&u8::from(y.subtype)))
-            .then(x.bytes.cmp(&y.bytes)),
-        _ => match (integer(a), integer(b)) {
-            (Some(x), Some(y)) => x.cmp(&y),
-            _ => number(a).partial_cmp(&number(b)).unwrap_or(Ordering::Equal),
-        },
-    }
-}
-
-fn integer(v: &Bson) -> Option<i64> {
-    match v {
-        Bson::Int32(i) => Some(i64::from(*i)),
-        Bson::Int64(i) => Some(*i),
-        _ => None,
-    }
-}
-
-fn number(v: &Bson) -> f64 {
-    match v {
-        Bson::Int32(i) => f64::from(*i),
-        Bson::Int64(i) => *i as f64,
-        Bson::Double(d) => *d,
-        Bson::Decimal128(d) => d.to_string().parse().unwrap_or(f64::NAN),
-        _ => f64::NAN,
-    }
-}
+/// MongoDB's order of `_id`s: the router's listing order ([`crate::router::compare_ids`]).
+pub use crate::router::compare_ids as compare;
 
 /// An `_id` as stored in Postgres (partition bounds, checkpoints, dead letters): the BSON of
 /// `{"v": id}`, so every type round-trips exactly.

@@ -184,13 +184,9 @@ impl Worker {
         store: Store,
         config: WorkerConfig,
     ) -> Result<Worker, crate::error::Error> {
-        let mut shards = BTreeMap::new();
-        for shard in store.shards().await? {
-            let client = crate::mongo::writer_client(shard.uri.expose())
-                .await
-                .map_err(|e| crate::error::Error::BadInput(e.to_string()))?;
-            shards.insert(shard.name.clone(), client.database(&shard.database));
-        }
+        let shards = crate::mongo::databases(store.shards().await?, true)
+            .await
+            .map_err(|e| crate::error::Error::BadInput(e.to_string()))?;
         Ok(Worker::with_shards(store, shards, config))
     }
 
@@ -285,15 +281,7 @@ impl Worker {
         &self,
         m: &Migration,
     ) -> Result<(RoutingVersion, RoutingVersion), WorkerError> {
-        let from = self
-            .store
-            .version(&m.collection, Some(m.from_version))
-            .await?;
-        let to = self
-            .store
-            .version(&m.collection, Some(m.to_version))
-            .await?;
-        Ok((from.version, to.version))
+        Ok(self.store.migration_versions(m).await?)
     }
 
     fn settings_of(m: &Migration) -> Result<MigrationSettings, WorkerError> {
@@ -691,11 +679,8 @@ impl Worker {
             present.extend(found.iter().filter_map(|d| d.get("_id").map(ids::encode)));
         }
         let mut batch = PreparedBatch {
-            statements: Vec::new(),
-            kinds: Vec::new(),
-            ids: Vec::new(),
-            targets: Vec::new(),
             checkpoint,
+            ..PreparedBatch::default()
         };
         for (id, target) in moved {
             if !present.contains(&ids::encode(&id)) {
@@ -1128,7 +1113,7 @@ pub enum Kind {
 /// A batch ready to write: the statements, the id and target of each, and what was settled
 /// without writing (documents that stay without stamping, foreign documents, documents that
 /// cannot be routed).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct PreparedBatch {
     pub statements: Vec<Statement>,
     /// What each statement is, for the ledger.
@@ -1154,13 +1139,7 @@ pub fn prepare_batch(
     epoch: i64,
     docs: Vec<Document>,
 ) -> PreparedBatch {
-    let mut batch = PreparedBatch {
-        statements: Vec::new(),
-        kinds: Vec::new(),
-        ids: Vec::new(),
-        targets: Vec::new(),
-        checkpoint: Checkpoint::default(),
-    };
+    let mut batch = PreparedBatch::default();
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
         if is_tombstone(&doc) {
@@ -1234,23 +1213,15 @@ pub fn prepare_revert(
     docs: Vec<Document>,
 ) -> PreparedBatch {
     let meta = crate::router::META;
-    let mut batch = PreparedBatch {
-        statements: Vec::new(),
-        kinds: Vec::new(),
-        ids: Vec::new(),
-        targets: Vec::new(),
-        checkpoint: Checkpoint::default(),
-    };
+    let mut batch = PreparedBatch::default();
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        let routed = (|| {
-            let tenant = KeyValue::from_bson(doc.get(&to.tenant_key)?).ok()?;
-            let key = KeyValue::from_bson(doc.get(&to.id_field)?).ok()?;
+        let routed = to.document_keys(&doc).ok().and_then(|(tenant, key)| {
             Some((
                 to.locate(&tenant, &key).ok()?,
                 from.locate(&tenant, &key).ok()?,
             ))
-        })();
+        });
         let Some((target, source)) = routed else {
             batch.checkpoint.skipped_foreign += 1;
             continue;
@@ -1329,14 +1300,7 @@ pub fn cleanup_candidates(
 type Routed = (Vec<Location>, (Location, crate::routing::Located));
 
 fn route(from: &RoutingVersion, to: &RoutingVersion, doc: &Document) -> Result<Routed, String> {
-    let tenant = doc
-        .get(&from.tenant_key)
-        .ok_or_else(|| format!("the document has no tenant key field {:?}", from.tenant_key))?;
-    let id = doc
-        .get(&from.id_field)
-        .ok_or_else(|| format!("the document has no id field {:?}", from.id_field))?;
-    let tenant = KeyValue::from_bson(tenant).map_err(|e| format!("tenant key: {e}"))?;
-    let id = KeyValue::from_bson(id).map_err(|e| format!("id: {e}"))?;
+    let (tenant, id) = from.document_keys(doc)?;
     let source = from.locate(&tenant, &id).map_err(|e| e.to_string())?;
     let target = to.locate(&tenant, &id).map_err(|e| e.to_string())?;
     let first = target

@@ -1,7 +1,5 @@
 //! `reshard deadletter list|retry|skip`: documents the backfill could not write.
 
-use std::collections::BTreeMap;
-
 use mongodb::bson::{doc, Document};
 
 use crate::backfill::{ids, prepare_batch};
@@ -116,23 +114,8 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
 /// as the backfill would. Returns `(_id, resolved, what happened)` per dead letter.
 async fn retry(ctx: &Ctx, id: i64, letters: &[DeadLetter]) -> Result<Vec<(String, bool, String)>> {
     let m = ctx.store.migration(id).await?;
-    let from = ctx
-        .store
-        .version(&m.collection, Some(m.from_version))
-        .await?
-        .version;
-    let to = ctx
-        .store
-        .version(&m.collection, Some(m.to_version))
-        .await?
-        .version;
-    let mut shards = BTreeMap::new();
-    for shard in ctx.store.shards().await? {
-        let client = crate::mongo::writer_client(shard.uri.expose())
-            .await
-            .map_err(|e| Error::bad_input(e.to_string()))?;
-        shards.insert(shard.name.clone(), client.database(&shard.database));
-    }
+    let (from, to) = ctx.store.migration_versions(&m).await?;
+    let shards = super::shard_databases(ctx, true).await?;
     let writer = BulkWriter::new(shards.clone(), WriterOptions::default());
     let mut out = Vec::new();
     for letter in letters {

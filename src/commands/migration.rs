@@ -328,17 +328,8 @@ async fn advance(
 
 /// Purges after `completed`; removes the target layout after a rollback.
 async fn finish(ctx: &Ctx, m: &Migration, to: Phase) -> Result<()> {
-    let from = ctx
-        .store
-        .version(&m.collection, Some(m.from_version))
-        .await?
-        .version;
-    let target = ctx
-        .store
-        .version(&m.collection, Some(m.to_version))
-        .await?
-        .version;
-    let shards = shard_databases(ctx).await?;
+    let (from, target) = ctx.store.migration_versions(m).await?;
+    let shards = super::shard_databases(ctx, false).await?;
     let failed =
         |e: crate::finish::FinishError| Error::failed(crate::redact::redact_uri(&e.to_string()));
     let (kind, details) = if to == Phase::Completed {
@@ -362,32 +353,10 @@ async fn finish(ctx: &Ctx, m: &Migration, to: Phase) -> Result<()> {
     Ok(())
 }
 
-async fn shard_databases(
-    ctx: &Ctx,
-) -> Result<std::collections::BTreeMap<String, mongodb::Database>> {
-    let mut shards = std::collections::BTreeMap::new();
-    for shard in ctx.store.shards().await? {
-        let client = crate::mongo::client(shard.uri.expose())
-            .await
-            .map_err(|e| Error::bad_input(e.to_string()))?;
-        shards.insert(shard.name.clone(), client.database(&shard.database));
-    }
-    Ok(shards)
-}
-
 /// Creates the target collections and indexes before routers start reading the target.
 async fn prepare(ctx: &Ctx, m: &Migration, dry_run: bool) -> Result<()> {
-    let from = ctx
-        .store
-        .version(&m.collection, Some(m.from_version))
-        .await?
-        .version;
-    let to = ctx
-        .store
-        .version(&m.collection, Some(m.to_version))
-        .await?
-        .version;
-    let shards = shard_databases(ctx).await?;
+    let (from, to) = ctx.store.migration_versions(m).await?;
+    let shards = super::shard_databases(ctx, false).await?;
     let done = crate::prepare::prepare(&from, &to, &shards, dry_run)
         .await
         .map_err(|e| Error::failed(crate::redact::redact_uri(&e.to_string())))?;

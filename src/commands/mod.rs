@@ -45,6 +45,16 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// A database handle per registered shard (see [`crate::mongo::databases`]).
+pub async fn shard_databases(
+    ctx: &Ctx,
+    bulk_writer: bool,
+) -> Result<std::collections::BTreeMap<String, mongodb::Database>> {
+    crate::mongo::databases(ctx.store.shards().await?, bulk_writer)
+        .await
+        .map_err(|e| Error::bad_input(e.to_string()))
+}
+
 async fn ctx(url: String, output: OutputFormat, actor: String) -> Result<Ctx> {
     Ok(Ctx {
         store: Store::connect(&url).await?,

@@ -135,31 +135,14 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
             defects,
         });
     }
-    for (k, n) in &full_outcomes {
-        let key: &'static str = match k.as_str() {
-            "copied" => "copied",
-            "superseded" => "superseded",
-            "deleted" => "deleted",
-            "stayed" => "stayed",
-            "ignored" => "ignored",
-            "missing" => "missing",
-            "mismatched" => "mismatched",
-            "misplaced" => "misplaced",
-            _ => continue,
-        };
-        *result.counts.entry(key).or_default() += n;
+    for (k, n) in full_outcomes {
+        *result.counts.entry(k).or_default() += n;
     }
     // Findings stored by the partitions are checked again like the others; the cleared ones
     // are removed from the run.
     let stored: Vec<_> = stored_findings
         .iter()
-        .map(|f| crate::store::reconcile::NewFinding {
-            kind: f.kind.clone(),
-            doc_id: f.doc_id.clone(),
-            doc_id_text: f.doc_id_text.clone(),
-            stratum: f.stratum.clone(),
-            details: f.details.clone(),
-        })
+        .map(crate::store::reconcile::NewFinding::from)
         .collect();
     // One document found wrong by a partition and again by a placement sample is one defect.
     let known: HashSet<(String, Vec<u8>)> = stored
@@ -172,33 +155,27 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
     });
     let mut all = stored.clone();
     all.append(&mut result.findings);
-    if !all.is_empty() {
+    let kept = if all.is_empty() {
+        all
+    } else {
         tokio::time::sleep(options.recheck_delay).await;
         let (kept, gone) = reconcile::recheck(&scene, &partitions, all)
             .await
             .map_err(failed)?;
         result.rechecked_away = gone;
-        // Stored findings that persist stay stored; new ones are stored with the verdict.
-        let mut cleared = Vec::new();
-        for (f, n) in stored_findings.iter().zip(&stored) {
-            if !kept.contains(n) {
-                cleared.push(f.id);
-            }
-        }
+        // Stored findings that cleared are removed from the run.
+        let cleared: Vec<i64> = stored_findings
+            .iter()
+            .zip(&stored)
+            .filter(|(_, n)| !kept.contains(n))
+            .map(|(f, _)| f.id)
+            .collect();
         ctx.store.delete_findings(&cleared).await?;
-        result.findings = kept.into_iter().filter(|f| !stored.contains(f)).collect();
-        let mut everything = result.findings.clone();
-        everything.extend(
-            stored_findings
-                .iter()
-                .zip(&stored)
-                .filter(|(f, _)| !cleared.contains(&f.id))
-                .map(|(_, n)| n.clone()),
-        );
-        let (passed, by_kind) = reconcile::verdict(&everything, &settings);
-        return finish(ctx, id, &run, passed, by_kind, &result, &settings).await;
-    }
-    let (passed, by_kind) = reconcile::verdict(&result.findings, &settings);
+        kept
+    };
+    let (passed, by_kind) = reconcile::verdict(&kept, &settings);
+    // The stored ones that persist stay stored; the new ones are stored with the verdict.
+    result.findings = kept.into_iter().filter(|f| !stored.contains(f)).collect();
     finish(ctx, id, &run, passed, by_kind, &result, &settings).await
 }
 
@@ -254,23 +231,8 @@ fn check_phase(m: &Migration) -> Result<()> {
 }
 
 async fn scene(ctx: &Ctx, m: &Migration) -> Result<(Scene, MigrationSettings)> {
-    let from = ctx
-        .store
-        .version(&m.collection, Some(m.from_version))
-        .await?
-        .version;
-    let to = ctx
-        .store
-        .version(&m.collection, Some(m.to_version))
-        .await?
-        .version;
-    let mut shards = BTreeMap::new();
-    for shard in ctx.store.shards().await? {
-        let client = crate::mongo::writer_client(shard.uri.expose())
-            .await
-            .map_err(|e| Error::bad_input(e.to_string()))?;
-        shards.insert(shard.name.clone(), client.database(&shard.database));
-    }
+    let (from, to) = ctx.store.migration_versions(m).await?;
+    let shards = super::shard_databases(ctx, true).await?;
     let skipped: HashSet<String> = ctx.store.skipped_ids(m.id).await?.into_iter().collect();
     let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
     Ok((
@@ -374,13 +336,7 @@ pub async fn repair(ctx: &Ctx, id: i64, run: Option<i64>) -> Result<()> {
     // Check the repaired documents again.
     let new: Vec<_> = findings
         .iter()
-        .map(|f| crate::store::reconcile::NewFinding {
-            kind: f.kind.clone(),
-            doc_id: f.doc_id.clone(),
-            doc_id_text: f.doc_id_text.clone(),
-            stratum: f.stratum.clone(),
-            details: f.details.clone(),
-        })
+        .map(crate::store::reconcile::NewFinding::from)
         .collect();
     let partitions = ctx.store.partitions(id, "backfill").await?;
     let (left, _) = reconcile::recheck(&scene, &partitions, new)

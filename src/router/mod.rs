@@ -60,7 +60,7 @@ use crate::store::{Store, StoreError, CHANNEL};
 pub use exec::{
     copy_document, exec_meta, is_duplicate_key, is_tombstone, mirror_write, revision, META,
 };
-pub use list::Page;
+pub use list::{compare_ids, Page};
 use stats::OperationStats;
 
 /// How a router behaves. [`RouterConfig::named`] gives the defaults.

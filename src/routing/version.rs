@@ -300,6 +300,23 @@ impl RoutingVersion {
             .collect()
     }
 
+    /// The tenant key and id of a stored document, as this version reads them; the error
+    /// names the missing or unroutable field.
+    pub fn document_keys(
+        &self,
+        doc: &mongodb::bson::Document,
+    ) -> Result<(KeyValue, KeyValue), String> {
+        let tenant = doc
+            .get(&self.tenant_key)
+            .ok_or_else(|| format!("the document has no tenant key field {:?}", self.tenant_key))?;
+        let id = doc
+            .get(&self.id_field)
+            .ok_or_else(|| format!("the document has no id field {:?}", self.id_field))?;
+        let tenant = KeyValue::from_bson(tenant).map_err(|e| format!("tenant key: {e}"))?;
+        let id = KeyValue::from_bson(id).map_err(|e| format!("id: {e}"))?;
+        Ok((tenant, id))
+    }
+
     /// Where the document with this tenant key and id lives.
     ///
     /// Hashed: exactly one location, by the rules in the module docs. Fanout:

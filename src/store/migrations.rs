@@ -229,13 +229,7 @@ impl Store {
         dry_run: bool,
     ) -> StoreResult<Transition> {
         let mut tx = self.pool().begin().await?;
-        let migration: Migration = sqlx::query_as(&format!(
-            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {id}")))?;
+        let migration = migration_for_update(&mut tx, id).await?;
         let change = phase::plan(&migration.state(), action)?;
         for gate in change.gates {
             gates::check(&mut tx, &migration, *gate).await?;
@@ -354,6 +348,20 @@ async fn notify(conn: &mut sqlx::PgConnection, migration: &Migration) -> StoreRe
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// A migration read and locked inside a transaction: the row lock serialises every change.
+pub(super) async fn migration_for_update(
+    conn: &mut sqlx::PgConnection,
+    id: i64,
+) -> StoreResult<Migration> {
+    sqlx::query_as(&format!(
+        "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or_else(|| StoreError::NotFound(format!("no migration with id {id}")))
 }
 
 /// A migration read inside a transaction.

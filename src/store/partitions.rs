@@ -10,8 +10,15 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::migrations::{insert_event, Migration, MIGRATION_COLUMNS};
+use super::migrations::{insert_event, migration_for_update, migration_in};
 use super::{Store, StoreError, StoreResult};
+
+/// Whose partitions a claim looks among.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Claimant {
+    Migration(i64),
+    Run(i64),
+}
 
 /// The work a partition stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -231,13 +238,7 @@ impl Store {
         details: serde_json::Value,
     ) -> StoreResult<bool> {
         let mut tx = self.pool().begin().await?;
-        let migration: Migration = sqlx::query_as(&format!(
-            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(migration_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {migration_id}")))?;
+        let migration = migration_for_update(&mut tx, migration_id).await?;
         let planned = match task {
             Task::Backfill => migration.backfill_planned_at,
             Task::Cleanup => migration.cleanup_planned_at,
@@ -338,19 +339,44 @@ impl Store {
         ttl: std::time::Duration,
         up_to: Option<i64>,
     ) -> StoreResult<Option<Partition>> {
+        self.claim(
+            Claimant::Migration(migration_id),
+            task,
+            token,
+            owner,
+            ttl,
+            up_to,
+        )
+        .await
+    }
+
+    /// The one claim statement, for a migration's partitions or a reconciliation run's.
+    pub(super) async fn claim(
+        &self,
+        of: Claimant,
+        task: &str,
+        token: Uuid,
+        owner: &str,
+        ttl: std::time::Duration,
+        up_to: Option<i64>,
+    ) -> StoreResult<Option<Partition>> {
+        let (column, key) = match of {
+            Claimant::Migration(id) => ("migration_id", id),
+            Claimant::Run(id) => ("run_id", id),
+        };
         Ok(sqlx::query_as(&format!(
             "UPDATE partitions SET state = 'leased', lease_token = $3, lease_owner = $4,
                  lease_expires_at = now() + make_interval(secs => $5), attempts = attempts + 1,
                  started_at = coalesce(started_at, now())
              WHERE id = (
                  SELECT id FROM partitions
-                 WHERE migration_id = $1 AND task = $2
+                 WHERE {column} = $1 AND task = $2
                    AND (state = 'pending' OR (state = 'leased' AND lease_expires_at < now()))
                    AND ($6::bigint IS NULL OR id <= $6)
                  ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
              RETURNING {PARTITION_COLUMNS}"
         ))
-        .bind(migration_id)
+        .bind(key)
         .bind(task)
         .bind(token)
         .bind(owner)
@@ -566,7 +592,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        let migration = super::migrations::migration_in(&mut tx, letter.migration_id).await?;
+        let migration = migration_in(&mut tx, letter.migration_id).await?;
         insert_event(
             &mut tx,
             &migration,
@@ -630,7 +656,7 @@ impl Store {
                  (see `reshard deadletter list {migration_id}`)"
             )));
         }
-        let migration = super::migrations::migration_in(&mut tx, migration_id).await?;
+        let migration = migration_in(&mut tx, migration_id).await?;
         insert_event(
             &mut tx,
             &migration,

@@ -45,6 +45,19 @@ pub struct Finding {
     pub resolution: Option<String>,
 }
 
+impl From<&Finding> for NewFinding {
+    /// A stored finding as one to check again.
+    fn from(f: &Finding) -> Self {
+        NewFinding {
+            kind: f.kind.clone(),
+            doc_id: f.doc_id.clone(),
+            doc_id_text: f.doc_id_text.clone(),
+            stratum: f.stratum.clone(),
+            details: f.details.clone(),
+        }
+    }
+}
+
 const RUN_COLUMNS: &str =
     "id, migration_id, mode, settings, started_at, finished_at, passed, summary";
 const FINDING_COLUMNS: &str =
@@ -91,20 +104,7 @@ impl Store {
                 "reconciliation run {run_id} is already finished"
             )));
         }
-        for f in findings {
-            sqlx::query(
-                "INSERT INTO reconciliation_findings (run_id, kind, doc_id, doc_id_text, stratum, details)
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(run_id)
-            .bind(&f.kind)
-            .bind(&f.doc_id)
-            .bind(&f.doc_id_text)
-            .bind(&f.stratum)
-            .bind(&f.details)
-            .execute(&mut *tx)
-            .await?;
-        }
+        insert_findings(&mut tx, run_id, findings).await?;
         let run: Run = sqlx::query_as(&format!(
             "UPDATE reconciliation_runs SET finished_at = now(), passed = $2, summary = $3
              WHERE id = $1 RETURNING {RUN_COLUMNS}"
@@ -191,24 +191,15 @@ impl Store {
         owner: &str,
         ttl: std::time::Duration,
     ) -> StoreResult<Option<super::partitions::Partition>> {
-        Ok(sqlx::query_as(&format!(
-            "UPDATE partitions SET state = 'leased', lease_token = $2, lease_owner = $3,
-                 lease_expires_at = now() + make_interval(secs => $4), attempts = attempts + 1,
-                 started_at = coalesce(started_at, now())
-             WHERE id = (
-                 SELECT id FROM partitions
-                 WHERE run_id = $1 AND task = 'verify'
-                   AND (state = 'pending' OR (state = 'leased' AND lease_expires_at < now()))
-                 ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-             RETURNING {}",
-            super::partitions::PARTITION_COLUMNS
-        ))
-        .bind(run_id)
-        .bind(token)
-        .bind(owner)
-        .bind(ttl.as_secs_f64())
-        .fetch_optional(self.pool())
-        .await?)
+        self.claim(
+            super::partitions::Claimant::Run(run_id),
+            "verify",
+            token,
+            owner,
+            ttl,
+            None,
+        )
+        .await
     }
 
     /// Records a verified batch: resume point, counters, outcomes and findings, fenced by the
@@ -246,19 +237,8 @@ impl Store {
         if r.rows_affected() != 1 {
             return Ok(false);
         }
-        for f in findings {
-            sqlx::query(
-                "INSERT INTO reconciliation_findings (run_id, kind, doc_id, doc_id_text, stratum, details)
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(partition.run_id)
-            .bind(&f.kind)
-            .bind(&f.doc_id)
-            .bind(&f.doc_id_text)
-            .bind(&f.stratum)
-            .bind(&f.details)
-            .execute(&mut *tx)
-            .await?;
+        if let Some(run_id) = partition.run_id {
+            insert_findings(&mut tx, run_id, findings).await?;
         }
         tx.commit().await?;
         Ok(true)
@@ -321,4 +301,26 @@ impl Store {
         .fetch_all(self.pool())
         .await?)
     }
+}
+
+async fn insert_findings(
+    conn: &mut sqlx::PgConnection,
+    run_id: i64,
+    findings: &[NewFinding],
+) -> StoreResult<()> {
+    for f in findings {
+        sqlx::query(
+            "INSERT INTO reconciliation_findings (run_id, kind, doc_id, doc_id_text, stratum, details)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(run_id)
+        .bind(&f.kind)
+        .bind(&f.doc_id)
+        .bind(&f.doc_id_text)
+        .bind(&f.stratum)
+        .bind(&f.details)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }

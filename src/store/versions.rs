@@ -178,6 +178,16 @@ impl Store {
         }
     }
 
+    /// A migration's source and target versions.
+    pub async fn migration_versions(
+        &self,
+        m: &super::migrations::Migration,
+    ) -> StoreResult<(RoutingVersion, RoutingVersion)> {
+        let from = self.version(&m.collection, Some(m.from_version)).await?;
+        let to = self.version(&m.collection, Some(m.to_version)).await?;
+        Ok((from.version, to.version))
+    }
+
     /// The version the collection's documents follow when no migration is active: the target
     /// of the last completed migration, the source of one rolled back, or else version 1.
     pub async fn current_version(&self, collection: &str) -> StoreResult<i32> {

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::migrations::{insert_event, Migration, MIGRATION_COLUMNS};
+use super::migrations::{insert_event, migration_for_update, migration_in};
 use super::{Store, StoreError, StoreResult};
 use crate::settings::MigrationSettings;
 
@@ -152,13 +152,7 @@ impl Store {
         reason: Option<&str>,
     ) -> StoreResult<(MigrationSettings, MigrationSettings)> {
         let mut tx = self.pool().begin().await?;
-        let migration: Migration = sqlx::query_as(&format!(
-            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(migration_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {migration_id}")))?;
+        let migration = migration_for_update(&mut tx, migration_id).await?;
         let before = MigrationSettings::from_json(&migration.settings)
             .map_err(|e| StoreError::Conflict(format!("migration {migration_id}: {e}")))?;
         let mut after = before;
@@ -211,13 +205,7 @@ impl Store {
         details: serde_json::Value,
     ) -> StoreResult<i64> {
         let mut tx = self.pool().begin().await?;
-        let migration: Migration = sqlx::query_as(&format!(
-            "SELECT {MIGRATION_COLUMNS} FROM migrations WHERE id = $1"
-        ))
-        .bind(migration_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("no migration with id {migration_id}")))?;
+        let migration = migration_in(&mut tx, migration_id).await?;
         let id = insert_event(
             &mut tx, &migration, actor, kind, None, None, reason, details,
         )
