@@ -491,7 +491,7 @@ pub async fn run(
         let Some(db) = scene.shards.get(&location.shard) else {
             continue;
         };
-        let filter = partition_filter(&scene.from, p);
+        let filter = partition_filter(&scene.from, p, false);
         let count = db
             .collection::<Document>(&location.collection)
             .count_documents(filter)
@@ -643,10 +643,12 @@ pub async fn run(
     Ok(result)
 }
 
-/// The filter of a backfill partition's whole range.
+/// The filter of a partition: its whole range, or (`from_checkpoint`) what is left after its
+/// checkpoint.
 pub fn partition_filter(
     from: &RoutingVersion,
     p: &crate::store::partitions::Partition,
+    from_checkpoint: bool,
 ) -> Document {
     let mut filter = match &p.tenant_filter {
         Some(t) => {
@@ -657,10 +659,15 @@ pub fn partition_filter(
     };
     let bracket = ids::Bracket::parse(&p.id_type).unwrap_or(ids::Bracket::String);
     let decode = |b: &Option<Vec<u8>>| b.as_deref().and_then(|b| ids::decode(b).ok());
+    let resume = if from_checkpoint {
+        decode(&p.last_id)
+    } else {
+        None
+    };
     filter.extend(ids::range_filter(
         bracket,
         decode(&p.lower_bound).as_ref(),
-        None,
+        resume.as_ref(),
         decode(&p.upper_bound).as_ref(),
     ));
     filter
@@ -685,7 +692,7 @@ pub async fn recheck(
                         let db = &scene.shards[&location.shard];
                         let count =
                             db.collection::<Document>(&location.collection)
-                                .count_documents(partition_filter(&scene.from, p))
+                                .count_documents(partition_filter(&scene.from, p, false))
                                 .await
                                 .map_err(read_err(&location))? as i64;
                         count != p.scanned + p.skipped_foreign
@@ -958,21 +965,7 @@ async fn verify_partition(
     let Some(db) = scene.shards.get(&location.shard) else {
         return Ok(());
     };
-    let mut filter = match &p.tenant_filter {
-        Some(t) => {
-            let tenants: Vec<KeyValue> = serde_json::from_value(t.clone()).unwrap_or_default();
-            plan::tenant_filter(&scene.from.tenant_key, &tenants)
-        }
-        None => Document::new(),
-    };
-    let bracket = ids::Bracket::parse(&p.id_type).unwrap_or(ids::Bracket::String);
-    let decode = |b: &Option<Vec<u8>>| b.as_deref().and_then(|b| ids::decode(b).ok());
-    filter.extend(ids::range_filter(
-        bracket,
-        decode(&p.lower_bound).as_ref(),
-        decode(&p.last_id).as_ref(),
-        decode(&p.upper_bound).as_ref(),
-    ));
+    let filter = partition_filter(&scene.from, p, true);
     let mut outcomes: BTreeMap<String, u64> =
         serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
     let mut cursor = db
