@@ -148,6 +148,9 @@ def case(tenant, id_key, virtual_buckets, buckets):
 BSON_CASES = [
     {"bson": {"$numberInt": "7"}, "key": integer(7)},
     {"bson": {"$numberLong": "7"}, "key": integer(7)},
+    # A whole double is the integer MongoDB takes it for (7 and 7.0 are one _id there).
+    {"bson": {"$numberDouble": "7.0"}, "key": integer(7)},
+    {"bson": {"$numberDouble": "-0.0"}, "key": integer(0)},
     {"bson": "cust-1", "key": string("cust-1")},
     {"bson": {"$oid": "650f1a2b3c4d5e6f708192a3"}, "key": object_id("650f1a2b3c4d5e6f708192a3")},
     {
@@ -158,6 +161,7 @@ BSON_CASES = [
 
 ERROR_CASES = [
     {"bson": {"$numberDouble": "1.5"}, "error": "unsupported_key_type", "bson_type": "double"},
+    {"bson": {"$numberDouble": "NaN"}, "error": "unsupported_key_type", "bson_type": "double"},
     {"bson": True, "error": "unsupported_key_type", "bson_type": "bool"},
     {"bson": None, "error": "unsupported_key_type", "bson_type": "null"},
     {"bson": {"$date": {"$numberLong": "0"}}, "error": "unsupported_key_type", "bson_type": "date"},
@@ -181,6 +185,8 @@ def main():
         "rules": [
             "h(bytes) = xxHash64 with seed 0, as an unsigned 64-bit integer",
             "enc(string) = its UTF-8 bytes",
+            "a double with a whole value in [-2^63, 2^63) reads as that int64 (MongoDB compares "
+            "7 and 7.0 as equal); any other double is an error",
             "enc(int32 or int64) = the 8 bytes of the value as a signed 64-bit integer, little-endian",
             "enc(ObjectId) = its 12 bytes",
             "enc(binary of any subtype, UUID is subtype 4) = its raw bytes, subtype not included",

@@ -10,6 +10,7 @@ mod commands;
 pub mod copy;
 pub mod error;
 pub mod finish;
+pub mod ids;
 pub mod ledger;
 mod logging;
 pub mod mongo;

@@ -26,7 +26,8 @@ use mongodb::Database;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::backfill::{ids, plan};
+use crate::backfill::plan;
+use crate::ids;
 use crate::router::{copy_document, is_tombstone};
 use crate::routing::{KeyValue, Location, MoveScope, RoutingVersion};
 use crate::settings::MigrationSettings;

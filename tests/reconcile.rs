@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::{Collection, Database};
-use reshard::backfill::{ids, Worker, WorkerConfig};
+use reshard::backfill::{Worker, WorkerConfig};
+use reshard::ids;
 use reshard::phase::{Action, Phase};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::settings::MigrationSettings;

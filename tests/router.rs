@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use mongodb::bson::{doc, Bson, Document};
-use reshard::phase::{Action, Phase};
+use reshard::phase::Phase;
 use reshard::protocol::Side;
 use reshard::router::{Router, RouterConfig, RouterError, StepEvent, StepHook};
 use reshard::routing::{KeyValue, RoutingVersion};
@@ -102,68 +102,6 @@ impl World {
             .find_one(doc! { "_id": id })
             .await
             .unwrap()
-    }
-
-    /// Moves the migration through `phases`, waiting for every router to acknowledge each.
-    async fn advance(&self, routers: &[&Router], phases: &[Phase]) {
-        for phase in phases {
-            let t = self
-                .store
-                .transition(
-                    self.migration,
-                    &Action::Advance(*phase),
-                    "test",
-                    None,
-                    false,
-                )
-                .await
-                .unwrap();
-            for r in routers {
-                assert!(
-                    r.wait_for_epoch(t.migration.epoch, Duration::from_secs(10))
-                        .await,
-                    "router did not reach epoch {}",
-                    t.migration.epoch
-                );
-            }
-            // The acknowledgement is the heartbeat after the switch.
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !self
-                .store
-                .unacknowledged_routers(&t.migration)
-                .await
-                .unwrap()
-                .is_empty()
-            {
-                assert!(std::time::Instant::now() < deadline, "no acknowledgement");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-
-    /// Moves the phase without its gate (the same row change, epoch bump and notification as
-    /// `Store::transition`), for tests of router behaviour in phases whose gates other
-    /// components open.
-    async fn force_phase(&self, routers: &[&Router], phase: Phase) {
-        let pool = self.db.pool().await;
-        let epoch: i64 = sqlx::query_scalar(
-            "UPDATE migrations SET phase = $2, epoch = epoch + 1 WHERE id = $1 RETURNING epoch",
-        )
-        .bind(self.migration)
-        .bind(phase.as_str())
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        sqlx::query("SELECT pg_notify('reshard_migrations', '{}')")
-            .execute(&pool)
-            .await
-            .unwrap();
-        for r in routers {
-            // An ended migration too: routers acknowledge its final epoch, which is what the
-            // driver's last barrier (before purging or dropping anything) waits for.
-            assert!(r.wait_for_epoch(epoch, Duration::from_secs(10)).await);
-            assert_eq!(r.snapshot().await.phase, phase);
-        }
     }
 
     async fn to_backfill(&self, routers: &[&Router]) {

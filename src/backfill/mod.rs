@@ -5,7 +5,6 @@
 //! in `_id` order and the unordered [`crate::copy::BulkWriter`], and checkpoint each batch
 //! fenced by the lease token.
 
-pub mod ids;
 pub mod plan;
 pub mod worker;
 

@@ -14,7 +14,7 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::Database;
 use serde_json::json;
 
-use super::ids::{self, Bracket};
+use crate::ids::{self, Bracket};
 use crate::routing::{self, KeyValue, Location, MoveScope, RoutingVersion};
 use crate::settings::MigrationSettings;
 use crate::store::partitions::NewPartition;
@@ -40,7 +40,7 @@ pub enum PlanError {
     },
     #[error(
         "{location} holds documents whose _id is a {type_name} (for example {example}); \
-         reshard can only route string, integer, ObjectId and binary ids"
+         reshard can only route string, integer (or whole double), ObjectId and binary ids"
     )]
     UnsupportedId {
         location: Location,
@@ -170,10 +170,18 @@ pub async fn plan(
             _ => None,
         };
 
-        // Ids of a type reshard cannot route would belong to no partition.
+        // Ids of a type reshard cannot route would belong to no partition, and a NaN id
+        // sorts below every bracket floor (`{$gte: -Infinity}` does not match it): either
+        // would be skipped by every scan. Other unroutable numbers (a fraction) sit inside
+        // the number bracket and become dead letters there.
         let mut unsupported = filter.clone();
-        let supported: Vec<&str> = Bracket::ALL.iter().map(|b| b.name()).collect();
-        unsupported.insert("_id", doc! { "$not": { "$type": supported } });
+        unsupported.insert(
+            "$or",
+            vec![
+                doc! { "_id": { "$not": { "$type": ids::ROUTABLE_TYPES.to_vec() } } },
+                doc! { "_id": f64::NAN },
+            ],
+        );
         if let Some(odd) = coll
             .find_one(unsupported)
             .projection(doc! { "_id": 1 })

@@ -29,11 +29,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use super::ids::{self, Bracket};
 use super::plan;
 use crate::copy::{
     BulkWriter, FailureClass, RetryPolicy, Statement, StatementResult, WriterOptions,
 };
+use crate::ids::{self, Bracket};
 use crate::router::{copy_document, is_tombstone};
 use crate::routing::{KeyValue, Location, RoutingVersion};
 use crate::settings::MigrationSettings;

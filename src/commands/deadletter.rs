@@ -2,11 +2,12 @@
 
 use mongodb::bson::{doc, Document};
 
-use crate::backfill::{ids, prepare_batch};
+use crate::backfill::prepare_batch;
 use crate::cli::DeadletterCommand;
 use crate::commands::Ctx;
 use crate::copy::{BulkWriter, StatementResult, WriterOptions};
 use crate::error::{Error, Result};
+use crate::ids;
 use crate::output;
 use crate::routing::Location;
 use crate::store::partitions::DeadLetter;

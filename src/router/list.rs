@@ -12,6 +12,7 @@ use mongodb::Cursor;
 
 use super::exec::{is_tombstone, strip_metadata};
 use super::{Inner, RouterError, Snapshot};
+use crate::ids;
 use crate::phase::ReadPath;
 use crate::protocol::Side;
 use crate::routing::{vbucket, KeyValue, Layout, Location, RoutingVersion};
@@ -88,7 +89,9 @@ pub async fn list_tenant(
     let mut filter = doc! {};
     filter.insert(snapshot.target.tenant_key.clone(), tenant.clone());
     if let Some(after) = &after {
-        filter.insert("_id", doc! { "$gt": after.clone() });
+        // The next page starts after the cursor in MongoDB's order, across `_id` type
+        // brackets: `$gt` alone would stop at the end of the cursor's bracket.
+        filter.extend(ids::after(after).map_err(|e| RouterError::InvalidCursor(e.to_string()))?);
     }
     // Every location's cursor is opened at once, with bounded parallelism.
     let batch = (limit as u32).clamp(1, 1000);
@@ -122,7 +125,7 @@ pub async fn list_tenant(
         let Some(smallest) = streams
             .iter()
             .filter_map(|s| s.head_id())
-            .min_by(|a, b| compare_ids(a, b))
+            .min_by(|a, b| ids::compare(a, b))
             .cloned()
         else {
             return Ok(Page {
@@ -137,7 +140,7 @@ pub async fn list_tenant(
         let id_key = KeyValue::from_bson(&smallest)?;
         for s in streams.iter_mut() {
             if s.head_id()
-                .is_none_or(|id| compare_ids(id, &smallest) != Ordering::Equal)
+                .is_none_or(|id| ids::compare(id, &smallest) != Ordering::Equal)
             {
                 continue;
             }
@@ -170,68 +173,4 @@ pub async fn list_tenant(
     }
     let next = documents.last().and_then(|d| d.get("_id").cloned());
     Ok(Page { documents, next })
-}
-
-/// MongoDB's order for the id types reshard routes: numbers, then strings, then binary data,
-/// then ObjectIds; within a type, by value (binary data by length, subtype, then bytes).
-pub fn compare_ids(a: &Bson, b: &Bson) -> Ordering {
-    fn rank(b: &Bson) -> u8 {
-        match b {
-            Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => 1,
-            Bson::String(_) => 2,
-            Bson::Binary(_) => 3,
-            Bson::ObjectId(_) => 4,
-            _ => 5,
-        }
-    }
-    fn number(b: &Bson) -> f64 {
-        match b {
-            Bson::Int32(v) => *v as f64,
-            Bson::Int64(v) => *v as f64,
-            Bson::Double(v) => *v,
-            _ => 0.0,
-        }
-    }
-    match (a, b) {
-        (Bson::Int64(x), Bson::Int64(y)) => x.cmp(y),
-        (Bson::Int32(x), Bson::Int32(y)) => x.cmp(y),
-        (Bson::Int32(x), Bson::Int64(y)) => (*x as i64).cmp(y),
-        (Bson::Int64(x), Bson::Int32(y)) => x.cmp(&(*y as i64)),
-        (Bson::String(x), Bson::String(y)) => x.as_bytes().cmp(y.as_bytes()),
-        (Bson::ObjectId(x), Bson::ObjectId(y)) => x.bytes().cmp(&y.bytes()),
-        (Bson::Binary(x), Bson::Binary(y)) => x
-            .bytes
-            .len()
-            .cmp(&y.bytes.len())
-            .then(u8::from(x.subtype).cmp(&u8::from(y.subtype)))
-            .then(x.bytes.cmp(&y.bytes)),
-        _ if rank(a) == 1 && rank(b) == 1 => number(a).total_cmp(&number(b)),
-        _ => rank(a).cmp(&rank(b)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use mongodb::bson::oid::ObjectId;
-
-    #[test]
-    fn ids_order_like_mongodb() {
-        let oid = |n: u8| Bson::ObjectId(ObjectId::from_bytes([n; 12]));
-        let ordered = [
-            Bson::Int64(-5),
-            Bson::Int32(2),
-            Bson::Int64(3),
-            Bson::String("A".into()),
-            Bson::String("a".into()),
-            Bson::String("ab".into()),
-            oid(1),
-            oid(2),
-        ];
-        for (i, a) in ordered.iter().enumerate() {
-            for (j, b) in ordered.iter().enumerate() {
-                assert_eq!(compare_ids(a, b), i.cmp(&j), "{a} vs {b}");
-            }
-        }
-    }
 }

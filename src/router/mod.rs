@@ -60,7 +60,7 @@ use crate::store::{Store, StoreError, CHANNEL};
 pub use exec::{
     copy_document, exec_meta, is_duplicate_key, is_tombstone, mirror_write, revision, META,
 };
-pub use list::{compare_ids, Page};
+pub use list::Page;
 use stats::OperationStats;
 
 /// How a router behaves. [`RouterConfig::named`] gives the defaults.
@@ -139,6 +139,8 @@ pub enum RouterError {
     ImmutableField(String),
     #[error("{0}")]
     InvalidUpdate(String),
+    #[error("invalid listing cursor: {0}")]
+    InvalidCursor(String),
     #[error("page size {asked} is above the maximum of {max}")]
     PageTooLarge { asked: usize, max: usize },
     #[error("shard {0:?} is used by a routing version but has no connection")]

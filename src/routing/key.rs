@@ -91,12 +91,19 @@ impl KeyValue {
     /// Reads a key from a BSON value taken from a document.
     ///
     /// Accepts string, int32 (widened to i64), int64, ObjectId and binary of any
-    /// subtype. Every other type is [`RoutingError::UnsupportedKeyType`].
+    /// subtype, and a double whose value is a whole number in the int64 range, which reads as
+    /// that integer: MongoDB treats `7` and `7.0` as the same value (they collide in a unique
+    /// index and `{_id: 7}` finds `{_id: 7.0}`), so they must route alike. (mongosh writes
+    /// every number as a double.) Every other type, and a double with a fraction, NaN or an
+    /// infinity, is [`RoutingError::UnsupportedKeyType`].
     pub fn from_bson(value: &Bson) -> Result<KeyValue, RoutingError> {
         match value {
             Bson::String(text) => Ok(KeyValue::String(text.clone())),
             Bson::Int32(value) => Ok(KeyValue::Int(i64::from(*value))),
             Bson::Int64(value) => Ok(KeyValue::Int(*value)),
+            Bson::Double(value) if whole_number(*value).is_some() => {
+                Ok(KeyValue::Int(whole_number(*value).expect("checked")))
+            }
             Bson::ObjectId(oid) => Ok(KeyValue::ObjectId(oid.bytes())),
             Bson::Binary(binary) => Ok(KeyValue::Binary {
                 subtype: u8::from(binary.subtype),
@@ -220,6 +227,14 @@ impl fmt::Display for KeyValue {
             }
         }
     }
+}
+
+/// The integer a double equals exactly, when it is a whole number in the int64 range.
+fn whole_number(value: f64) -> Option<i64> {
+    // -2^63 and 2^63 are exact doubles; every whole double in [-2^63, 2^63) is an i64.
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    (value.is_finite() && value.fract() == 0.0 && (-TWO_63..TWO_63).contains(&value))
+        .then_some(value as i64)
 }
 
 /// The name MongoDB uses for a BSON type, for error messages.
@@ -364,6 +379,22 @@ mod tests {
             KeyValue::from_bson(&Bson::String("a".into())).unwrap(),
             KeyValue::String("a".into())
         );
+    }
+
+    #[test]
+    fn whole_doubles_read_as_the_integer_mongodb_takes_them_for() {
+        for (double, int) in [(7.0, 7), (-0.0, 0), (4_611_686_018_427_387_904.0, 1 << 62)] {
+            assert_eq!(
+                KeyValue::from_bson(&Bson::Double(double)).unwrap(),
+                KeyValue::Int(int)
+            );
+        }
+        for refused in [1.5, f64::NAN, f64::INFINITY, 9_223_372_036_854_775_808.0] {
+            assert!(
+                KeyValue::from_bson(&Bson::Double(refused)).is_err(),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

@@ -5,7 +5,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use std::time::Duration;
+
 use mongodb::Database;
+use reshard::phase::{Action, Phase};
+use reshard::router::Router;
 use reshard::routing::RoutingVersion;
 use reshard::store::Store;
 
@@ -66,6 +70,68 @@ impl World {
             shards,
             v1,
             v2,
+        }
+    }
+
+    /// Moves the migration through `phases`, waiting for every router to acknowledge each.
+    pub async fn advance(&self, routers: &[&Router], phases: &[Phase]) {
+        for phase in phases {
+            let t = self
+                .store
+                .transition(
+                    self.migration,
+                    &Action::Advance(*phase),
+                    "test",
+                    None,
+                    false,
+                )
+                .await
+                .unwrap();
+            for r in routers {
+                assert!(
+                    r.wait_for_epoch(t.migration.epoch, Duration::from_secs(10))
+                        .await,
+                    "router did not reach epoch {}",
+                    t.migration.epoch
+                );
+            }
+            // The acknowledgement is the heartbeat after the switch.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !self
+                .store
+                .unacknowledged_routers(&t.migration)
+                .await
+                .unwrap()
+                .is_empty()
+            {
+                assert!(std::time::Instant::now() < deadline, "no acknowledgement");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// Moves the phase without its gate (the same row change, epoch bump and notification as
+    /// `Store::transition`), for tests of router behaviour in phases whose gates other
+    /// components open.
+    pub async fn force_phase(&self, routers: &[&Router], phase: Phase) {
+        let pool = self.db.pool().await;
+        let epoch: i64 = sqlx::query_scalar(
+            "UPDATE migrations SET phase = $2, epoch = epoch + 1 WHERE id = $1 RETURNING epoch",
+        )
+        .bind(self.migration)
+        .bind(phase.as_str())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        sqlx::query("SELECT pg_notify('reshard_migrations', '{}')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        for r in routers {
+            // An ended migration too: routers acknowledge its final epoch, which is what the
+            // driver's last barrier (before purging or dropping anything) waits for.
+            assert!(r.wait_for_epoch(epoch, Duration::from_secs(10)).await);
+            assert_eq!(r.snapshot().await.phase, phase);
         }
     }
 }

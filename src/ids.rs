@@ -1,32 +1,41 @@
-//! `_id` values as partition bounds: type brackets, ordering, encoding, split points.
+//! `_id` values: MongoDB's order across type brackets, partition bounds, cursors that continue
+//! across brackets, and the encodings stored in Postgres.
 //!
-//! A MongoDB range query on `_id` only matches values of the bound's type bracket (numbers of
-//! every width compare with each other; strings, ObjectIds and binary each stand alone), so
-//! each bracket present in a collection is partitioned on its own, and each partition's
-//! filter starts at the bracket's floor. Orders here are MongoDB's within a bracket (simple
-//! collation): numbers by value, strings by UTF-8 bytes, ObjectIds by bytes, binary by length,
-//! then subtype, then bytes.
+//! A MongoDB comparison (`$gt`, `$lt`, ...) matches only values of the operand's type bracket
+//! (numbers of every width compare with each other; strings, binary data and ObjectIds each
+//! stand alone). Every reader that continues "after an `_id`" must therefore step across
+//! brackets explicitly ([`after`]), and every scan bounded by a range stays inside one bracket
+//! ([`range_filter`]): partitions are cut per bracket. Orders here are MongoDB's (simple
+//! collation): brackets in BSON sort order (numbers < strings < binary < ObjectIds); numbers by
+//! exact value whatever their width, strings by UTF-8 bytes, binary by length, then subtype,
+//! then bytes, ObjectIds by bytes.
 
 use std::cmp::Ordering;
 
 use mongodb::bson::spec::BinarySubtype;
 use mongodb::bson::{doc, oid::ObjectId, Binary, Bson, Document};
 
-/// An `_id` type bracket that reshard partitions by (the routable key types).
+/// The BSON types (`$type` aliases) of the ids reshard can route: a `double` only when it is
+/// a whole number ([`crate::routing::KeyValue::from_bson`]).
+pub const ROUTABLE_TYPES: [&str; 6] = ["int", "long", "double", "string", "objectId", "binData"];
+
+/// An `_id` type bracket that reshard partitions by (the routable key types), in MongoDB's
+/// sort order: the derived `Ord` is the order in which brackets follow each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Bracket {
     Number,
     String,
-    ObjectId,
     Binary,
+    ObjectId,
 }
 
 impl Bracket {
+    /// Every bracket, in MongoDB's sort order.
     pub const ALL: [Bracket; 4] = [
         Bracket::Number,
         Bracket::String,
-        Bracket::ObjectId,
         Bracket::Binary,
+        Bracket::ObjectId,
     ];
 
     /// The bracket of a value; `None` for types reshard cannot route.
@@ -56,7 +65,8 @@ impl Bracket {
         Bracket::ALL.into_iter().find(|b| b.name() == name)
     }
 
-    /// The smallest value of the bracket: `{$gte: floor}` matches exactly the bracket.
+    /// The smallest value of the bracket: `{$gte: floor}` matches exactly the bracket (for
+    /// numbers, every number but NaN, which reshard cannot route and the planner looks for).
     pub fn floor(self) -> Bson {
         match self {
             Bracket::Number => Bson::Double(f64::NEG_INFINITY),
@@ -68,10 +78,115 @@ impl Bracket {
             }),
         }
     }
+
+    /// The brackets that sort after this one.
+    pub fn later(self) -> impl Iterator<Item = Bracket> {
+        Bracket::ALL.into_iter().filter(move |b| *b > self)
+    }
 }
 
-/// MongoDB's order of `_id`s: the router's listing order ([`crate::router::compare_ids`]).
-pub use crate::router::compare_ids as compare;
+/// Why a value cannot be a cursor position.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0} is not an _id reshard can continue after: ids are strings, integers, ObjectIds or binary data")]
+pub struct NotAnId(pub String);
+
+/// The `_id` condition "after `id` in MongoDB's order", across type brackets: the rest of
+/// `id`'s bracket, then every later bracket whole. (`{_id: {$gt: 7}}` alone never matches a
+/// string or an ObjectId.) Merge it into a filter that has no other `$or`.
+pub fn after(id: &Bson) -> Result<Document, NotAnId> {
+    let bracket = Bracket::of(id).ok_or_else(|| NotAnId(text(id)))?;
+    let mut branches = vec![Bson::Document(doc! { "_id": { "$gt": id.clone() } })];
+    branches.extend(
+        bracket
+            .later()
+            .map(|b| Bson::Document(doc! { "_id": { "$gte": b.floor() } })),
+    );
+    Ok(doc! { "$or": branches })
+}
+
+/// MongoDB's order of `_id`s: brackets in sort order ([`Bracket`]); numbers by exact value
+/// whatever their width (an `int64` above 2^53 and the nearest `double` are told apart);
+/// strings by UTF-8 bytes; binary data by length, then subtype, then bytes; ObjectIds by bytes.
+/// Types reshard cannot route sort after all of these.
+pub fn compare(a: &Bson, b: &Bson) -> Ordering {
+    match (a, b) {
+        (Bson::String(x), Bson::String(y)) => x.as_bytes().cmp(y.as_bytes()),
+        (Bson::ObjectId(x), Bson::ObjectId(y)) => x.bytes().cmp(&y.bytes()),
+        (Bson::Binary(x), Bson::Binary(y)) => x
+            .bytes
+            .len()
+            .cmp(&y.bytes.len())
+            .then(u8::from(x.subtype).cmp(&u8::from(y.subtype)))
+            .then(x.bytes.cmp(&y.bytes)),
+        _ => match (number(a), number(b)) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            _ => rank(a).cmp(&rank(b)),
+        },
+    }
+}
+
+fn rank(b: &Bson) -> u8 {
+    Bracket::of(b).map_or(u8::MAX, |b| b as u8)
+}
+
+/// A number as MongoDB compares it: integers exactly, doubles exactly, NaN below everything.
+#[derive(Clone, Copy, Debug)]
+enum Number {
+    Int(i64),
+    Float(f64),
+}
+
+fn number(b: &Bson) -> Option<Number> {
+    match b {
+        Bson::Int32(v) => Some(Number::Int(i64::from(*v))),
+        Bson::Int64(v) => Some(Number::Int(*v)),
+        Bson::Double(v) => Some(Number::Float(*v)),
+        _ => None,
+    }
+}
+
+impl Number {
+    fn cmp(&self, other: &Number) -> Ordering {
+        match (*self, *other) {
+            (Number::Int(x), Number::Int(y)) => x.cmp(&y),
+            (Number::Float(x), Number::Float(y)) => float_cmp(x, y),
+            (Number::Int(x), Number::Float(y)) => int_float_cmp(x, y),
+            (Number::Float(x), Number::Int(y)) => int_float_cmp(y, x).reverse(),
+        }
+    }
+}
+
+/// Doubles in MongoDB's order: NaN below every other number, equal to itself.
+fn float_cmp(x: f64, y: f64) -> Ordering {
+    match (x.is_nan(), y.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Less,
+        (false, true) => Ordering::Greater,
+        (false, false) => x.partial_cmp(&y).expect("neither is NaN"),
+    }
+}
+
+/// An integer against a double, exactly (no rounding of the integer to 53 bits).
+fn int_float_cmp(x: i64, y: f64) -> Ordering {
+    if y.is_nan() {
+        return Ordering::Greater;
+    }
+    // 2^63 is exactly representable; every i64 is below it and at or above -2^63.
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if y >= TWO_63 {
+        return Ordering::Less;
+    }
+    if y < -TWO_63 {
+        return Ordering::Greater;
+    }
+    let whole = y.trunc();
+    // `whole` is within [-2^63, 2^63), so it converts to i64 exactly.
+    match x.cmp(&(whole as i64)) {
+        Ordering::Equal if y > whole => Ordering::Less,
+        Ordering::Equal if y < whole => Ordering::Greater,
+        other => other,
+    }
+}
 
 /// An `_id` as stored in Postgres (partition bounds, checkpoints, dead letters): the BSON of
 /// `{"v": id}`, so every type round-trips exactly.
@@ -144,6 +259,70 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn brackets_follow_mongodbs_sort_order() {
+        let values = [
+            Bson::Double(f64::NAN),
+            Bson::Double(f64::NEG_INFINITY),
+            Bson::Int64(-5),
+            Bson::Double(1.5),
+            Bson::Int32(2),
+            Bson::Double(3.0),
+            Bson::Int64((1 << 53) + 1),
+            Bson::String("A".into()),
+            Bson::String("a".into()),
+            Bson::String("ab".into()),
+            Bson::Binary(Binary {
+                subtype: BinarySubtype::Generic,
+                bytes: vec![9],
+            }),
+            Bson::Binary(Binary {
+                subtype: BinarySubtype::Uuid,
+                bytes: vec![0; 16],
+            }),
+            Bson::ObjectId(ObjectId::from_bytes([1; 12])),
+            Bson::ObjectId(ObjectId::from_bytes([2; 12])),
+        ];
+        for (i, a) in values.iter().enumerate() {
+            for (j, b) in values.iter().enumerate() {
+                assert_eq!(compare(a, b), i.cmp(&j), "{a} vs {b}");
+            }
+        }
+        // 2^53 + 1 is not a double: the nearest one (2^53) is below it, not equal.
+        assert_eq!(
+            compare(
+                &Bson::Int64((1 << 53) + 1),
+                &Bson::Double((1u64 << 53) as f64)
+            ),
+            Ordering::Greater
+        );
+        assert_eq!(
+            compare(&Bson::Int32(7), &Bson::Double(7.0)),
+            Ordering::Equal
+        );
+        let brackets: Vec<Bracket> = values.iter().filter_map(Bracket::of).collect();
+        assert!(brackets.windows(2).all(|w| w[0] <= w[1]), "{brackets:?}");
+    }
+
+    #[test]
+    fn a_cursor_continues_into_every_later_bracket() {
+        assert_eq!(
+            after(&Bson::Int32(7)).unwrap(),
+            doc! { "$or": [
+                { "_id": { "$gt": 7 } },
+                { "_id": { "$gte": "" } },
+                { "_id": { "$gte": Bracket::Binary.floor() } },
+                { "_id": { "$gte": Bracket::ObjectId.floor() } },
+            ] }
+        );
+        let oid = Bson::ObjectId(ObjectId::from_bytes([3; 12]));
+        assert_eq!(
+            after(&oid).unwrap(),
+            doc! { "$or": [{ "_id": { "$gt": oid.clone() } }] }
+        );
+        assert!(after(&Bson::Boolean(true)).is_err());
+    }
+
+    #[test]
     fn brackets_and_floors() {
         assert_eq!(Bracket::of(&Bson::Int32(1)), Some(Bracket::Number));
         assert_eq!(Bracket::of(&Bson::Double(1.5)), Some(Bracket::Number));
@@ -156,6 +335,14 @@ mod tests {
 
     #[test]
     fn numbers_compare_across_widths_and_binary_by_length_first() {
+        assert_eq!(
+            compare(&Bson::Double(f64::NAN), &Bson::Int64(i64::MIN)),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare(&Bson::Double(1e300), &Bson::Int64(i64::MAX)),
+            Ordering::Greater
+        );
         assert_eq!(compare(&Bson::Int32(5), &Bson::Int64(5)), Ordering::Equal);
         assert_eq!(
             compare(&Bson::Int64(i64::MAX), &Bson::Int64(i64::MAX - 1)),
