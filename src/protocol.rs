@@ -92,6 +92,13 @@ pub enum Step<D, U> {
     MirrorToSource,
 }
 
+impl<D, U> Step<D, U> {
+    /// Whether the step can change a document.
+    pub fn writes(&self) -> bool {
+        !matches!(self, Step::Find(_))
+    }
+}
+
 /// What the store answered to the last step.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Answer<D> {
@@ -208,6 +215,27 @@ pub struct OperationMachine<D, U> {
     mirrored: Option<Outcome<D>>,
     /// Whether a delete leaves a tombstone: in every phase but `completed`.
     tombstones: bool,
+    /// Whether a step that can change a document was sent: one that was answered, or an
+    /// earlier one (the executor sends a step before it feeds back its answer).
+    wrote: bool,
+    /// Whether the step asked for last can change a document.
+    pending_write: bool,
+}
+
+/// What an operation cut short by its router's lease may have done. The router stops before
+/// each step once its lease is about to run out, and every step it sent ends before the lease
+/// does (ARCHITECTURE.md, "Leases fence every step"), so nothing of the operation can land
+/// after the driver counts the router out: it either happened by then or never will.
+/// [`OperationMachine::interrupted`] tells which, for an operation stopped before the step it
+/// asked for last was sent; [`OperationMachine::interrupted_in_flight`] once that step was
+/// sent and its answer did not come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Interrupted {
+    /// Only reads were sent: nothing changed.
+    NothingApplied,
+    /// A write was sent: it may or may not have been applied (like MongoDB's unknown commit
+    /// result); read the document back, or retry an idempotent write.
+    MayHaveApplied,
 }
 
 /// How many times an operation may start over because a concurrent writer changed the
@@ -236,6 +264,28 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             restarts: 0,
             mirrored: None,
             tombstones: phase != Phase::Completed,
+            wrote: false,
+            pending_write: false,
+        }
+    }
+
+    /// What the operation may have done if it stops before sending the step it asked for last
+    /// (its router's lease is running out).
+    pub fn interrupted(&self) -> Interrupted {
+        if self.wrote {
+            Interrupted::MayHaveApplied
+        } else {
+            Interrupted::NothingApplied
+        }
+    }
+
+    /// What the operation may have done if it stops while the step it asked for last is in
+    /// flight (sent, no answer by the lease's deadline).
+    pub fn interrupted_in_flight(&self) -> Interrupted {
+        if self.wrote || self.pending_write {
+            Interrupted::MayHaveApplied
+        } else {
+            Interrupted::NothingApplied
         }
     }
 
@@ -245,6 +295,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
 
     fn go(&mut self, at: At, step: Step<D, U>) -> Result<Next<D, U>, ProtocolError> {
         self.at = at;
+        self.pending_write = step.writes();
         Ok(Next::Do(step))
     }
 
@@ -273,6 +324,9 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
     /// The next step, given the answer to the previous one (`None` to start).
     pub fn next(&mut self, answer: Option<Answer<D>>) -> Result<Next<D, U>, ProtocolError> {
         use Answer as A;
+        if answer.is_some() {
+            self.wrote |= std::mem::take(&mut self.pending_write);
+        }
         use Side::{Source as S, Target as T};
         let unexpected = |at: &At, answer: &Option<Answer<D>>| ProtocolError::UnexpectedAnswer {
             at: format!("{at:?}"),
@@ -750,6 +804,27 @@ mod tests {
             run(Phase::Cleanup, Operation::Delete, script),
             Outcome::Changed(true)
         );
+    }
+
+    #[test]
+    fn an_interrupted_operation_knows_whether_it_wrote() {
+        let mut m: OperationMachine<&str, &str> =
+            OperationMachine::new(Phase::Backfill, Operation::Delete);
+        assert_eq!(m.interrupted(), Interrupted::NothingApplied);
+        assert_eq!(m.next(None).unwrap(), Next::Do(Step::Find(T)));
+        assert_eq!(m.interrupted(), Interrupted::NothingApplied);
+        let tombstone = m.next(Some(Answer::Found(Found::Live("d")))).unwrap();
+        assert_eq!(
+            tombstone,
+            Next::Do(Step::ReplaceLive(T, Payload::Tombstone))
+        );
+        // Asked for but not sent: nothing happened. Sent without an answer: it may have.
+        assert_eq!(m.interrupted(), Interrupted::NothingApplied);
+        assert_eq!(m.interrupted_in_flight(), Interrupted::MayHaveApplied);
+        // Answered: it happened, whatever comes next.
+        let mut m2 = m.clone();
+        assert!(m2.next(Some(Answer::Matched(false))).is_ok());
+        assert_eq!(m2.interrupted(), Interrupted::MayHaveApplied);
     }
 
     #[test]

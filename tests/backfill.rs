@@ -82,7 +82,7 @@ struct Fixture {
     shard_server: BTreeMap<String, usize>,
     /// The shard name -> database name.
     shard_db: BTreeMap<String, String>,
-    /// For the workers: `reshard::mongo::writer_client` (driver write retries off).
+    /// For the workers: `reshard::shards::writer_client` (driver write retries off).
     writer_dbs: BTreeMap<String, Database>,
     /// For seeding and checking.
     dbs: BTreeMap<String, Database>,
@@ -109,7 +109,7 @@ impl Fixture {
         let mut writer_clients = Vec::new();
         let mut clients = Vec::new();
         for s in &servers {
-            writer_clients.push(reshard::mongo::writer_client(&s.uri()).await.unwrap());
+            writer_clients.push(reshard::shards::writer_client(&s.uri()).await.unwrap());
             clients.push(s.client().await);
         }
         let mut shard_server = BTreeMap::new();

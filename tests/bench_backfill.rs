@@ -115,7 +115,7 @@ async fn unthrottled_copy_against_raw_ingest() {
             .add_shard(server.name(), &server.uri(), &db_name)
             .await
             .unwrap();
-        let client = reshard::mongo::writer_client(&server.uri()).await.unwrap();
+        let client = reshard::shards::writer_client(&server.uri()).await.unwrap();
         databases.insert(server.name().to_string(), client.database(&db_name));
     }
     let mut versions = Vec::new();

@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use reshard::phase::{Gate, Phase, WritePath};
 use reshard::protocol::{
     cleanup_decision, cleanup_delete_step, cleanup_lookup_step, copy_result, copy_step,
-    purge_tombstone_step, revert_copy_step, Answer, CleanupDecision, CopyResult, Found, Next,
-    Operation, OperationMachine, Outcome, Payload, Side, Step,
+    purge_tombstone_step, revert_copy_step, Answer, CleanupDecision, CopyResult, Found,
+    Interrupted, Next, Operation, OperationMachine, Outcome, Payload, Side, Step,
 };
 
 /// The most ids a workload may use; states are fixed-size arrays for cheap hashing.
@@ -331,6 +331,11 @@ struct Router {
     acked: Phase,
     next_op: u8,
     run: Option<Run>,
+    /// Whether its lease is live. Once it ran out (plus the fence margin) the driver counts
+    /// the router out, and the product guarantees that no step of it lands any more: the step
+    /// it was about to run is never sent, one in flight ended by the deadline. It serves again
+    /// only after a renewal followed by a load of the current phase.
+    live: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -363,6 +368,8 @@ struct State {
     revert_pos: u8,
     revert_at: Option<Slot>,
     revert_purge_pos: u8,
+    /// Lease expiries left to explore in this run.
+    expiries_left: u8,
     store: Store,
     lin: [Vec<Config>; IDS],
 }
@@ -370,6 +377,9 @@ struct State {
 /// A deliberate deviation from the product protocol (or the fault that shows one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Broken {
+    /// The router checks its lease only when an operation starts: a step of an operation in
+    /// flight lands after the lease ran out and the driver counted the router out (issue 10).
+    LeaseCheckedAtStart,
     /// The copier overwrites whatever the target holds instead of inserting if absent.
     CopierOverwrites,
     /// A delete in the target removes the document (or does nothing when only the source has
@@ -406,15 +416,24 @@ struct Setup {
     /// Reads are then wrong by construction (reconciliation's job); only cleanup's safety and
     /// the final state are checked.
     lose_a_copy: bool,
+    /// How many times in a run some router's lease may run out (0: never).
+    expiries: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Act {
     Move(Phase),
     Ack(usize),
+    /// The router's lease runs out (it could not reach the state store): the driver may count
+    /// it out; an operation in flight stops before its next step.
+    Expire(usize),
+    /// The router reaches the state store again: it renews, loads the current phase, serves.
+    Renew(usize),
     Start(usize),
     Step(usize),
-    Copier { lose: bool },
+    Copier {
+        lose: bool,
+    },
     Cleaner,
     Reverter,
 }
@@ -443,6 +462,7 @@ impl Model<'_> {
             acked: Phase::Planned,
             next_op: 0,
             run: None,
+            live: true,
         };
         State {
             phase: Phase::Planned,
@@ -457,6 +477,7 @@ impl Model<'_> {
             revert_pos: 0,
             revert_at: None,
             revert_purge_pos: 0,
+            expiries_left: self.cfg.expiries,
             store: Store {
                 source,
                 target: [Slot::Absent; IDS],
@@ -488,8 +509,9 @@ impl Model<'_> {
         &self.cfg.workload.ops[r][i as usize]
     }
 
+    /// Every router the driver still counts (live lease) applies `phase`.
     fn all_acked(&self, s: &State, phase: Phase) -> bool {
-        s.routers.iter().all(|r| r.acked == phase)
+        s.routers.iter().all(|r| !r.live || r.acked == phase)
     }
 
     fn copier_done(&self, s: &State) -> bool {
@@ -532,6 +554,22 @@ impl Model<'_> {
             }
         }
         for (r, router) in s.routers.iter().enumerate() {
+            let ops_left = (router.next_op as usize) < self.cfg.workload.ops[r].len();
+            if router.live && s.expiries_left > 0 && (router.run.is_some() || ops_left) {
+                acts.push(Act::Expire(r));
+            }
+            if !router.live {
+                if router.run.is_some() {
+                    // Only a router that checks its lease at the start of an operation alone
+                    // goes on with its steps once the lease ran out.
+                    if self.broken(Broken::LeaseCheckedAtStart) {
+                        acts.push(Act::Step(r));
+                    }
+                } else if ops_left {
+                    acts.push(Act::Renew(r));
+                }
+                continue;
+            }
             if router.run.is_some() {
                 acts.push(Act::Step(r));
                 continue;
@@ -588,6 +626,22 @@ impl Model<'_> {
                 let _ = write!(log, "router {r}: acknowledges {}", s.phase);
                 s.routers[r].acked = s.phase;
             }
+            Act::Expire(r) => {
+                let _ = write!(log, "router {r}: its lease runs out; ");
+                s.routers[r].live = false;
+                s.expiries_left -= 1;
+                if !self.broken(Broken::LeaseCheckedAtStart) {
+                    if let Some(run) = s.routers[r].run.take() {
+                        self.interrupt(s, r, run, log)?;
+                    }
+                }
+            }
+            Act::Renew(r) => {
+                // Renew, then load: it applies the phase of now.
+                let _ = write!(log, "router {r}: renews its lease and loads {}", s.phase);
+                s.routers[r].live = true;
+                s.routers[r].acked = s.phase;
+            }
             Act::Start(r) => {
                 let (id, op) = self.op(r, s.routers[r].next_op).clone();
                 let phase = s.routers[r].acked;
@@ -625,6 +679,32 @@ impl Model<'_> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// An operation stopped by its router's lease before its pending step: that step never
+    /// lands. The application is told what the machine says may have happened; the history
+    /// must agree (nothing applied: no linearization may have applied it).
+    fn interrupt(&self, s: &mut State, r: usize, run: Run, log: &mut String) -> Checked<()> {
+        let id = self.op(r, s.routers[r].next_op).0;
+        let interrupted = run.machine.interrupted();
+        let _ = write!(log, "its operation stops: {interrupted:?}");
+        if interrupted == Interrupted::NothingApplied {
+            s.lin[id].retain(|c| c.ops[r] == Lin::Pending);
+            if s.lin[id].is_empty() {
+                return Err(format!(
+                    "router {r}'s {:?} on id {id} stopped saying nothing was applied, but \
+                     every linearization applied it",
+                    self.op(r, s.routers[r].next_op).1
+                ));
+            }
+        }
+        for c in s.lin[id].iter_mut() {
+            c.ops[r] = Lin::Idle;
+        }
+        s.lin[id].sort();
+        s.lin[id].dedup();
+        s.routers[r].next_op += 1;
         Ok(())
     }
 
@@ -880,7 +960,13 @@ impl Model<'_> {
         if self.cfg.lose_a_copy {
             return Ok(());
         }
-        let mut phases: Vec<Phase> = s.routers.iter().map(|r| r.acked).collect();
+        // A router whose lease ran out serves nothing until it loads the current phase.
+        let mut phases: Vec<Phase> = s
+            .routers
+            .iter()
+            .filter(|r| r.live)
+            .map(|r| r.acked)
+            .collect();
         phases.push(s.phase);
         phases.sort();
         phases.dedup();
@@ -1189,13 +1275,24 @@ fn all_moves() -> BTreeSet<(Phase, Phase)> {
 }
 
 fn assert_protocol_holds(workload: Workload) {
+    assert_protocol_holds_with(workload, 0);
+}
+
+/// The real protocol with `expiries` lease expiries somewhere in each run.
+fn assert_protocol_holds_with(workload: Workload, expiries: u8) {
     let cfg = Setup {
         workload,
         broken: None,
         lose_a_copy: false,
+        expiries,
     };
     let report = explore(&cfg);
-    report_line(&summary("real protocol", &cfg, &report));
+    let label = if expiries == 0 {
+        "real protocol".to_owned()
+    } else {
+        format!("real protocol, {expiries} lease expiry")
+    };
+    report_line(&summary(&label, &cfg, &report));
     if let Some(v) = &report.violation {
         panic!("the protocol lost something:\n{v}");
     }
@@ -1208,10 +1305,21 @@ fn assert_protocol_holds(workload: Workload) {
 }
 
 fn assert_caught(broken: Broken, lose_a_copy: bool, workload: Workload, expect: &str) {
+    assert_caught_with(broken, lose_a_copy, 0, workload, expect)
+}
+
+fn assert_caught_with(
+    broken: Broken,
+    lose_a_copy: bool,
+    expiries: u8,
+    workload: Workload,
+    expect: &str,
+) {
     let cfg = Setup {
         workload,
         broken: Some(broken),
         lose_a_copy,
+        expiries,
     };
     let report = explore(&cfg);
     report_line(&summary(&format!("{broken:?}"), &cfg, &report));
@@ -1234,12 +1342,35 @@ fn the_write_protocol_loses_nothing_in_any_interleaving() {
     }
 }
 
+/// Issue 10: a router's lease may run out at any moment, with an operation in flight; the
+/// driver then counts it out and moves on. Nothing of the operation lands afterwards, and the
+/// router serves again only after loading the current phase.
+#[test]
+fn a_router_whose_lease_runs_out_mid_operation_loses_nothing() {
+    assert_protocol_holds_with(updates_and_deletes(), 1);
+    if heavy() {
+        assert_protocol_holds_with(deletes_and_recreations(), 1);
+    }
+}
+
+#[test]
+fn a_lease_checked_only_when_an_operation_starts_is_caught() {
+    assert_caught_with(
+        Broken::LeaseCheckedAtStart,
+        false,
+        1,
+        updates_and_deletes(),
+        "allows",
+    );
+}
+
 #[test]
 fn a_lost_copy_stops_cleanup_instead_of_losing_the_document() {
     let cfg = Setup {
         workload: updates_and_deletes(),
         broken: None,
         lose_a_copy: true,
+        expiries: 0,
     };
     let report = explore(&cfg);
     report_line(&summary("lost copy, real cleanup", &cfg, &report));

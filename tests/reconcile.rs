@@ -50,7 +50,7 @@ struct Fixture {
     migration: i64,
     v1: RoutingVersion,
     v2: RoutingVersion,
-    /// For the workers: `reshard::mongo::writer_client`.
+    /// For the workers: `reshard::shards::writer_client`.
     writer_dbs: BTreeMap<String, Database>,
     /// For seeding, tampering and checking.
     dbs: BTreeMap<String, Database>,
@@ -92,7 +92,7 @@ impl Fixture {
         store.migrate().await.unwrap();
 
         let base = MongoServer::database_name();
-        let writer = reshard::mongo::writer_client(&server.uri()).await.unwrap();
+        let writer = reshard::shards::writer_client(&server.uri()).await.unwrap();
         let client = server.client().await;
         let mut writer_dbs = BTreeMap::new();
         let mut dbs = BTreeMap::new();

@@ -617,3 +617,180 @@ async fn while_reverting_every_operation_mirrors_the_target_into_the_source() {
     assert_eq!(total(&router.get(HOT, &gone).await.unwrap()), Some(7));
     router.shutdown().await;
 }
+
+/// Tries `advance --to phase` until the gate opens (a router is counted out, or acknowledges),
+/// up to `within`. Returns how many refusals named `router`.
+async fn advance_when_open(w: &World, phase: Phase, router: &str, within: Duration) -> usize {
+    let deadline = std::time::Instant::now() + within;
+    let mut named = 0;
+    loop {
+        match w
+            .store
+            .transition(
+                w.migration,
+                &reshard::phase::Action::Advance(phase),
+                "test",
+                None,
+                false,
+            )
+            .await
+        {
+            Ok(_) => return named,
+            Err(e) => {
+                let message = e.to_string();
+                assert!(message.contains("acknowledged"), "{message}");
+                named += usize::from(message.contains(router));
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{phase} stayed closed: {message}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Issue 10's reproduction: a router's source delete stalls (a server selection wait, a
+/// retry during a failover) while it cannot reach the state store, so its lease runs out and
+/// the driver moves on through the write switch into the backfill, which copies the document.
+/// The stalled delete must not land afterwards: the application gets an error saying nothing
+/// was applied, and the document it still has is never "deleted but back".
+#[tokio::test]
+async fn a_step_stalled_past_the_lease_never_lands_late() {
+    let w = Arc::new(world().await);
+    let oid = w.moving_id("late");
+    w.seed(HOT, &oid, 1).await;
+    let mut cfg = config("stalled-api");
+    cfg.lease_ttl = Duration::from_secs(2);
+    cfg.fence_margin = Some(Duration::from_millis(500));
+    let router_id = Arc::new(std::sync::OnceLock::<uuid::Uuid>::new());
+    // Holds the router's registration row with a lock that blocks its renewals (FOR UPDATE)
+    // but not the driver's barrier (FOR SHARE), so its lease runs out while the step stalls.
+    let lock: Arc<tokio::sync::Mutex<Option<sqlx::Transaction<'static, sqlx::Postgres>>>> =
+        Arc::default();
+    let (hook, fired) = {
+        let (w, router_id, lock, oid) = (w.clone(), router_id.clone(), lock.clone(), oid.clone());
+        before_once("delete_live", Side::Source, None, move || {
+            let (w, router_id, lock, oid) =
+                (w.clone(), router_id.clone(), lock.clone(), oid.clone());
+            async move {
+                let pool = w.db.pool().await;
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query("SELECT 1 FROM routers WHERE id = $1 FOR KEY SHARE")
+                    .bind(router_id.get().unwrap())
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                *lock.lock().await = Some(tx);
+                // The driver goes on without the silent router once it is counted out.
+                advance_when_open(
+                    &w,
+                    Phase::WriteSwitch,
+                    "stalled-api",
+                    Duration::from_secs(5),
+                )
+                .await;
+                let named =
+                    advance_when_open(&w, Phase::NewWrites, "stalled-api", Duration::from_secs(10))
+                        .await;
+                assert!(named > 0, "the switch never waited for the stalled router");
+                advance_when_open(&w, Phase::Backfill, "stalled-api", Duration::from_secs(5)).await;
+                w.copy(HOT, &oid).await;
+            }
+            .boxed()
+        })
+    };
+    cfg.step_hook = Some(hook);
+    let router = w.router(cfg).await;
+    router_id.set(router.id()).unwrap();
+    w.advance(&[&router], &[Phase::DualRead]).await;
+
+    let result = router.delete(HOT, &oid).await;
+    assert!(fired.load(Ordering::SeqCst), "the delete never stalled");
+    assert!(
+        matches!(result, Err(RouterError::RoutingStale)),
+        "the stalled delete must fail saying nothing was applied: {result:?}"
+    );
+    // Nothing landed late: the source still holds the document the backfill copied.
+    assert!(w
+        .coll(&w.v1, HOT, &oid)
+        .find_one(doc! { "_id": &oid })
+        .await
+        .unwrap()
+        .is_some());
+    // Once it reaches the state store again it loads the phase before serving, and reads and
+    // deletes in the new phase.
+    lock.lock().await.take().unwrap().rollback().await.unwrap();
+    let phase_now = w.store.migration(w.migration).await.unwrap();
+    assert!(
+        router
+            .wait_for_epoch(phase_now.epoch, Duration::from_secs(10))
+            .await
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let doc = loop {
+        match router.get(HOT, &oid).await {
+            Ok(d) => break d,
+            Err(RouterError::RoutingStale) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(total(&doc), Some(1), "the failed delete left the document");
+    assert!(router.delete(HOT, &oid).await.unwrap());
+    w.copy(HOT, &oid).await;
+    assert_eq!(router.get(HOT, &oid).await.unwrap(), None, "resurrected");
+    router.shutdown().await;
+}
+
+/// The other way a step outlives the barrier: a router draining a slow operation before an
+/// epoch switch. It keeps heartbeating, so the driver waits for it instead of counting it
+/// out, and the operation completes in its own phase.
+#[tokio::test]
+async fn a_router_draining_a_slow_step_keeps_its_lease_and_holds_the_switch() {
+    let w = Arc::new(world().await);
+    let oid = w.moving_id("slow");
+    w.seed(HOT, &oid, 1).await;
+    let mut cfg = config("slow-api");
+    cfg.lease_ttl = Duration::from_secs(2);
+    cfg.fence_margin = Some(Duration::from_millis(500));
+    let (hook, fired) = {
+        let w = w.clone();
+        before_once("delete_live", Side::Source, None, move || {
+            let w = w.clone();
+            async move {
+                advance_when_open(&w, Phase::WriteSwitch, "slow-api", Duration::from_secs(5)).await;
+                // Longer than the lease: the router stays counted because it heartbeats.
+                let stalled = std::time::Instant::now();
+                while stalled.elapsed() < Duration::from_secs(4) {
+                    let refused = w
+                        .store
+                        .transition(
+                            w.migration,
+                            &reshard::phase::Action::Advance(Phase::NewWrites),
+                            "test",
+                            None,
+                            false,
+                        )
+                        .await
+                        .unwrap_err()
+                        .to_string();
+                    assert!(refused.contains("slow-api"), "{refused}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+            .boxed()
+        })
+    };
+    cfg.step_hook = Some(hook);
+    let router = w.router(cfg).await;
+    w.advance(&[&router], &[Phase::DualRead]).await;
+    assert!(router.delete(HOT, &oid).await.unwrap());
+    assert!(fired.load(Ordering::SeqCst));
+    w.advance(&[&router], &[Phase::NewWrites, Phase::Backfill])
+        .await;
+    w.copy(HOT, &oid).await;
+    assert_eq!(router.get(HOT, &oid).await.unwrap(), None, "resurrected");
+    router.shutdown().await;
+}

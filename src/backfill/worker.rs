@@ -184,7 +184,7 @@ impl Worker {
         store: Store,
         config: WorkerConfig,
     ) -> Result<Worker, crate::error::Error> {
-        let shards = crate::mongo::databases(store.shards().await?, true)
+        let shards = crate::shards::databases(store.shards().await?, true)
             .await
             .map_err(|e| crate::error::Error::BadInput(e.to_string()))?;
         Ok(Worker::with_shards(store, shards, config))

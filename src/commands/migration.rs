@@ -137,7 +137,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                     "migration {id} is reverting: routers mirror their writes to the source; \
                      run `reshard worker --migration {id} --exit-when-done` to copy the \
                      application's writes back, then `reshard migration advance {id} --to \
-                     revert_switch` and `--to rolled_back`"
+                     revert_switch` (it holds writes for a moment and ends in rolled_back)"
                 );
             }
             moves.finish(result)
@@ -460,27 +460,50 @@ fn print_move(t: &Transition, dry_run: bool) {
     }
 }
 
-/// Waits until every router with a live lease has acknowledged the migration's epoch. A router
-/// whose lease expires stops counting: it refuses operations until it refreshes, and a refresh
-/// brings it to the current epoch.
+/// Waits until every router that still counts has acknowledged the migration's epoch. A router
+/// is counted out a fence margin after its lease ran out: it sends no command after that, and
+/// it loads the phase again before it serves. The routers counted out while the barrier waited
+/// for them are named, with why.
 async fn barrier(ctx: &Ctx, migration: &Migration, timeout: Duration) -> Result<()> {
     let started = Instant::now();
     let mut last_report = None;
+    let mut waited_for = std::collections::BTreeSet::new();
     loop {
-        let missing = ctx.store.unacknowledged_routers(migration).await?;
+        let behind = ctx.store.routers_behind(migration).await?;
+        let (counted_out, missing): (Vec<_>, Vec<_>) =
+            behind.into_iter().partition(|r| r.counted_out);
         if missing.is_empty() {
+            let gone: Vec<_> = counted_out
+                .iter()
+                .filter(|r| waited_for.contains(&r.label()))
+                .collect();
+            for r in &gone {
+                eprintln!(
+                    "router {} counted out: its lease ran out at {} and a fence margin has \
+                     passed, so none of its operations can land any more; it loads the phase \
+                     again before it serves",
+                    r.label(),
+                    r.lease_expires_at.to_rfc3339()
+                );
+            }
             if last_report.is_some() {
                 eprintln!(
-                    "every live router acknowledged epoch {} after {:.1}s",
+                    "every router still counted acknowledged epoch {} after {:.1}s{}",
                     migration.epoch,
-                    started.elapsed().as_secs_f64()
+                    started.elapsed().as_secs_f64(),
+                    if gone.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {} counted out (above)", gone.len())
+                    }
                 );
             }
             return Ok(());
         }
+        waited_for.extend(missing.iter().map(|r| r.label()));
         let names = missing
             .iter()
-            .map(|r| format!("{} ({}, pid {}, epoch {})", r.name, r.host, r.pid, r.acked))
+            .map(|r| r.label())
             .collect::<Vec<_>>()
             .join(", ");
         if started.elapsed() >= timeout {

@@ -45,12 +45,12 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// A database handle per registered shard (see [`crate::mongo::databases`]).
+/// A database handle per registered shard (see [`crate::shards::databases`]).
 pub async fn shard_databases(
     ctx: &Ctx,
     bulk_writer: bool,
 ) -> Result<std::collections::BTreeMap<String, mongodb::Database>> {
-    crate::mongo::databases(ctx.store.shards().await?, bulk_writer)
+    crate::shards::databases(ctx.store.shards().await?, bulk_writer)
         .await
         .map_err(|e| Error::bad_input(e.to_string()))
 }

@@ -3,7 +3,7 @@
 use crate::cli::ShardCommand;
 use crate::commands::Ctx;
 use crate::error::{Error, Result};
-use crate::{mongo, output};
+use crate::{output, shards as mongo};
 
 pub async fn run(ctx: &Ctx, cmd: ShardCommand) -> Result<()> {
     match cmd {

@@ -142,6 +142,15 @@ impl WriteFailure {
     pub fn has_label(&self, label: &str) -> bool {
         self.labels.iter().any(|l| l == label)
     }
+
+    /// One line for people: `code 121 (DocumentValidationFailure): Document failed validation`.
+    pub fn describe(&self) -> String {
+        match (self.code, &self.code_name) {
+            (Some(code), Some(name)) => format!("code {code} ({name}): {}", self.message),
+            (Some(code), None) => format!("code {code}: {}", self.message),
+            (None, _) => self.message.clone(),
+        }
+    }
 }
 
 /// What the writer does with a failed statement.

@@ -1,15 +1,22 @@
 //! Turns the protocol's single-document steps into MongoDB commands on the right location,
 //! and stamps what the router writes (`_reshard`, the routing field).
+//!
+//! Every step runs under the router's lease: it is not sent once the lease is about to run
+//! out, and the command it sends ends before the lease does ([`crate::shards::command`]). An
+//! operation cut short that way reports [`RouterError::RoutingStale`] when it had only read,
+//! and [`RouterError::OutcomeUnknown`] when a write of it may have landed.
 
 use mongodb::bson::{doc, Bson, DateTime, Document};
 use mongodb::error::{ErrorKind, WriteFailure};
-use mongodb::Collection;
+use mongodb::Database;
+use tokio::time::Instant;
 
 use super::{Inner, RouterError, Snapshot};
 use crate::protocol::{
-    Answer, Found, Next, Operation, OperationMachine, Outcome, Payload, Side, Step,
+    Answer, Found, Interrupted, Next, Operation, OperationMachine, Outcome, Payload, Side, Step,
 };
 use crate::routing::{KeyValue, Located, Location, RoutingVersion};
+use crate::shards::command::{self, CommandError, Written};
 
 /// The field every document written through reshard carries: `{src, epoch}` and, on a
 /// tombstone, `{deleted: true, at, epoch}`.
@@ -24,7 +31,7 @@ pub struct Keys<'a> {
     pub id_key: &'a KeyValue,
 }
 
-/// Runs one protocol machine to its outcome.
+/// Runs one protocol machine to its outcome, each step under the router's lease.
 pub async fn run_operation(
     inner: &Inner,
     snapshot: &Snapshot,
@@ -35,12 +42,57 @@ pub async fn run_operation(
     let mut machine = OperationMachine::new(snapshot.phase, op);
     let mut answer = None;
     loop {
-        match machine.next(answer.take())? {
+        // The lease is checked again before every step (not only when the operation starts):
+        // a step delayed past it must not land after the driver counted this router out.
+        let step = match machine.next(answer.take())? {
             Next::Done(outcome) => return Ok(outcome),
-            Next::Do(step) => {
-                answer = Some(execute(inner, snapshot, keys, &mut places, step).await?);
-            }
+            Next::Do(step) => step,
+        };
+        let side = step_side(&step);
+        if let Some(hook) = &inner.config.step_hook {
+            hook(step_event(&step, side)).await;
         }
+        let Some(deadline) = inner.step_deadline() else {
+            return Err(interrupted(machine.interrupted()));
+        };
+        match execute(inner, snapshot, keys, &mut places, step, deadline).await {
+            Ok(a) => answer = Some(a),
+            Err(StepError::NotSent) => return Err(interrupted(machine.interrupted())),
+            Err(StepError::NoAnswer) => return Err(interrupted(machine.interrupted_in_flight())),
+            Err(StepError::Router(e)) => return Err(e),
+        }
+    }
+}
+
+/// The error of an operation its lease cut short.
+fn interrupted(what: Interrupted) -> RouterError {
+    match what {
+        Interrupted::NothingApplied => RouterError::RoutingStale,
+        Interrupted::MayHaveApplied => RouterError::OutcomeUnknown,
+    }
+}
+
+/// Why a step did not answer.
+enum StepError {
+    /// The lease's deadline had passed: the step (or the part of it left) was not sent.
+    NotSent,
+    /// Sent, and no answer came by the lease's deadline: it may have landed, by then.
+    NoAnswer,
+    Router(RouterError),
+}
+
+impl<E: Into<RouterError>> From<E> for StepError {
+    fn from(e: E) -> Self {
+        StepError::Router(e.into())
+    }
+}
+
+fn command_error(e: CommandError) -> StepError {
+    match e {
+        CommandError::NotSent => StepError::NotSent,
+        CommandError::NoAnswer => StepError::NoAnswer,
+        CommandError::Write(failure) => StepError::Router(RouterError::Write(failure.describe())),
+        CommandError::Mongo(e) => StepError::Router(RouterError::Mongo(e)),
     }
 }
 
@@ -68,13 +120,12 @@ fn version(snapshot: &Snapshot, side: Side) -> &RoutingVersion {
     }
 }
 
-/// The collection at `location`, through the shard's database handle.
-pub fn collection(inner: &Inner, location: &Location) -> Result<Collection<Document>, RouterError> {
+/// The database holding `location`.
+fn database<'a>(inner: &'a Inner, location: &Location) -> Result<&'a Database, RouterError> {
     inner
         .shards
-        .get(&location.shard)
-        .map(|db| db.collection::<Document>(&location.collection))
-        .ok_or_else(|| RouterError::UnknownShard(location.shard.clone()))
+        .database(&location.shard)
+        .map_err(|e| RouterError::UnknownShard(e.0))
 }
 
 async fn execute(
@@ -83,14 +134,12 @@ async fn execute(
     keys: &Keys<'_>,
     places: &mut Places,
     step: Step<Document, Document>,
-) -> Result<Answer<Document>, RouterError> {
-    let wc = inner.config.write_concern.clone();
+    deadline: Instant,
+) -> Result<Answer<Document>, StepError> {
+    let wc = &inner.config.write_concern;
     let side = step_side(&step);
-    if let Some(hook) = &inner.config.step_hook {
-        hook(step_event(&step, side)).await;
-    }
     if let Step::MirrorToSource = step {
-        return mirror_to_source(inner, snapshot, keys, wc).await;
+        return mirror_to_source(inner, snapshot, keys, wc, deadline).await;
     }
     let v = version(snapshot, side);
     let located = v.locate(keys.tenant_key, keys.id_key)?;
@@ -99,7 +148,15 @@ async fn execute(
     let tombstone = doc! { "_id": keys.id.clone(), format!("{META}.deleted"): true };
     if let Step::Find(_) = step {
         for location in &located.locations {
-            if let Some(found) = collection(inner, location)?.find_one(by_id.clone()).await? {
+            let found = command::find_one(
+                database(inner, location)?,
+                &location.collection,
+                by_id.clone(),
+                deadline,
+            )
+            .await
+            .map_err(command_error)?;
+            if let Some(found) = found {
                 *places.slot(side) = Some(location.clone());
                 return Ok(Answer::Found(if is_tombstone(&found) {
                     Found::Tombstone
@@ -114,33 +171,39 @@ async fn execute(
         .slot(side)
         .clone()
         .unwrap_or_else(|| located.locations[0].clone());
-    let coll = collection(inner, &location)?;
+    let db = database(inner, &location)?;
+    let coll = location.collection.as_str();
     let materialise = |payload: Payload<Document>, rev: i64| {
         materialise(snapshot, v, &located, keys, payload, rev)
+    };
+    let delete = |filter: Document| async move {
+        command::delete_one(db, coll, filter, wc, deadline)
+            .await
+            .map(|w| Answer::Matched(w.matched()))
+            .map_err(command_error)
     };
     Ok(match step {
         Step::Find(_) => unreachable!("handled above"),
         Step::Insert(_, payload) => {
             // A new id starts at revision 1; a pristine copy is revision 0.
             let rev = i64::from(!matches!(payload, Payload::Copy(_)));
-            match coll
-                .insert_one(materialise(payload, rev))
-                .write_concern(wc)
+            match command::insert_one(db, coll, materialise(payload, rev), wc, deadline)
                 .await
+                .map_err(command_error)?
             {
-                Ok(_) => Answer::Inserted,
-                Err(e) if is_duplicate_key(&e) => Answer::DuplicateKey,
-                Err(e) => return Err(e.into()),
+                Written::Applied { .. } => Answer::Inserted,
+                Written::DuplicateKey => Answer::DuplicateKey,
             }
         }
         Step::ReplaceLive(_, payload) => {
-            let replaced =
-                replace_next_revision(&coll, &live, wc, |rev| materialise(payload.clone(), rev))
-                    .await?;
+            let replaced = replace_next_revision(db, coll, &live, wc, deadline, |rev| {
+                materialise(payload.clone(), rev)
+            })
+            .await?;
             Answer::Matched(replaced)
         }
         Step::ReplaceTombstone(_, payload) => {
-            let replaced = replace_next_revision(&coll, &tombstone, wc, |rev| {
+            let replaced = replace_next_revision(db, coll, &tombstone, wc, deadline, |rev| {
                 materialise(payload.clone(), rev)
             })
             .await?;
@@ -148,21 +211,14 @@ async fn execute(
         }
         Step::UpdateLive(_, update) => {
             let update = stamp_update(update, snapshot, v, &located);
-            let r = coll.update_one(live, update).write_concern(wc).await?;
-            Answer::Matched(r.matched_count == 1)
+            let w = command::update_one(db, coll, live, update, false, wc, deadline)
+                .await
+                .map_err(command_error)?;
+            Answer::Matched(w.matched())
         }
-        Step::Delete(_) => {
-            let r = coll.delete_one(by_id).write_concern(wc).await?;
-            Answer::Matched(r.deleted_count == 1)
-        }
-        Step::DeleteLive(_) => {
-            let r = coll.delete_one(live).write_concern(wc).await?;
-            Answer::Matched(r.deleted_count == 1)
-        }
-        Step::DeleteTombstone(_) => {
-            let r = coll.delete_one(tombstone).write_concern(wc).await?;
-            Answer::Matched(r.deleted_count == 1)
-        }
+        Step::Delete(_) => delete(by_id).await?,
+        Step::DeleteLive(_) => delete(live).await?,
+        Step::DeleteTombstone(_) => delete(tombstone).await?,
         Step::MirrorToSource => unreachable!("handled above"),
     })
 }
@@ -173,13 +229,22 @@ async fn mirror_to_source(
     inner: &Inner,
     snapshot: &Snapshot,
     keys: &Keys<'_>,
-    wc: mongodb::options::WriteConcern,
-) -> Result<Answer<Document>, RouterError> {
+    wc: &mongodb::options::WriteConcern,
+    deadline: Instant,
+) -> Result<Answer<Document>, StepError> {
     let target = snapshot.target.locate(keys.tenant_key, keys.id_key)?;
     let by_id = doc! { "_id": keys.id.clone() };
     let mut image = None;
     for location in &target.locations {
-        if let Some(found) = collection(inner, location)?.find_one(by_id.clone()).await? {
+        let found = command::find_one(
+            database(inner, location)?,
+            &location.collection,
+            by_id.clone(),
+            deadline,
+        )
+        .await
+        .map_err(command_error)?;
+        if let Some(found) = found {
             image = Some(found);
             break;
         }
@@ -195,19 +260,20 @@ async fn mirror_to_source(
         &snapshot.target,
         source.sub_bucket,
     );
-    let coll = collection(inner, &source.locations[0])?;
-    match coll
-        .replace_one(filter, image)
-        .upsert(true)
-        .write_concern(wc)
-        .await
-    {
-        Ok(r) => Ok(Answer::Matched(
-            r.matched_count == 1 || r.upserted_id.is_some(),
-        )),
-        Err(e) if is_duplicate_key(&e) => Ok(Answer::Matched(false)),
-        Err(e) => Err(e.into()),
-    }
+    let back = &source.locations[0];
+    // The duplicate key of a refused upsert means the source is already newer.
+    let w = command::update_one(
+        database(inner, back)?,
+        &back.collection,
+        filter,
+        image,
+        true,
+        wc,
+        deadline,
+    )
+    .await
+    .map_err(command_error)?;
+    Ok(Answer::Matched(w.matched()))
 }
 
 /// Replaces the document matching `filter` by `make(previous revision + 1)`, as one atomic
@@ -215,13 +281,18 @@ async fn mirror_to_source(
 /// replace match nothing, and it is tried again on the new revision. Returns false when no
 /// document matches `filter` any more.
 async fn replace_next_revision(
-    coll: &Collection<Document>,
+    db: &Database,
+    coll: &str,
     filter: &Document,
-    wc: mongodb::options::WriteConcern,
+    wc: &mongodb::options::WriteConcern,
+    deadline: Instant,
     make: impl Fn(i64) -> Document,
-) -> Result<bool, RouterError> {
+) -> Result<bool, StepError> {
     loop {
-        let Some(current) = coll.find_one(filter.clone()).await? else {
+        let current = command::find_one(db, coll, filter.clone(), deadline)
+            .await
+            .map_err(command_error)?;
+        let Some(current) = current else {
             return Ok(false);
         };
         let rev = revision(&current);
@@ -231,11 +302,10 @@ async fn replace_next_revision(
         } else {
             cas.insert(format!("{META}.rev"), rev);
         }
-        let r = coll
-            .replace_one(cas, make(rev + 1))
-            .write_concern(wc.clone())
-            .await?;
-        if r.matched_count == 1 {
+        let w = command::update_one(db, coll, cas, make(rev + 1), false, wc, deadline)
+            .await
+            .map_err(command_error)?;
+        if w.matched() {
             return Ok(true);
         }
     }

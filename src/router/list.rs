@@ -72,6 +72,7 @@ pub async fn list_tenant(
     tenant: &Bson,
     after: Option<Bson>,
     limit: usize,
+    deadline: tokio::time::Instant,
 ) -> Result<Page, RouterError> {
     let tenant_key = KeyValue::from_bson(tenant)?;
     let mut wanted: Vec<(Side, Location)> = Vec::new();
@@ -99,12 +100,18 @@ pub async fn list_tenant(
         .map(|(side, location)| {
             let filter = filter.clone();
             async move {
-                let coll = super::exec::collection(inner, &location)?;
+                let coll = inner
+                    .shards
+                    .collection(&location)
+                    .map_err(|e| RouterError::UnknownShard(e.0))?;
                 let location_kept = location.clone();
+                // The server gives up by the lease's deadline too.
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let cursor = coll
                     .find(filter)
                     .sort(doc! { "_id": 1 })
                     .batch_size(batch)
+                    .max_time(left.max(std::time::Duration::from_millis(1)))
                     .await?;
                 let mut s = Stream {
                     side,

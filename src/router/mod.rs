@@ -1,14 +1,21 @@
 //! The router applications embed: it reads and writes one collection through the current phase
 //! of its migration, so that the phases actually happen in the application's traffic.
 //!
-//! A [`Router`] loads the collection's routing versions and its active migration from the state
-//! store, listens for `NOTIFY` and also polls, registers itself and heartbeats a lease. When the
-//! migration's epoch changes it stops starting operations under the old epoch, waits for the
-//! ones in flight to finish, switches, and acknowledges the new epoch with its next heartbeat.
-//! If it cannot renew its lease within the lease's time to live (measured on a monotonic clock
-//! from the start of the last successful renewal) it refuses operations with
-//! [`RouterError::RoutingStale`] until it can: the driver treats such a router as gone once its
-//! lease expired, so it must not act on what may be an old phase.
+//! A [`Router`] registers itself, then loads the collection's routing versions and its active
+//! migration from the state store, listens for `NOTIFY` and also polls, and heartbeats a lease
+//! from a task of its own. When the migration's epoch changes it stops starting operations under
+//! the old epoch, waits for the ones in flight to finish (heartbeating all the while, so the
+//! driver keeps waiting for it), switches, and acknowledges the new epoch at once.
+//!
+//! The lease fences every step, not only the start of an operation (ARCHITECTURE.md, "Leases
+//! fence every step"): a step is not sent once fewer than [`RouterConfig::fence_margin`] of the
+//! lease are left (measured on a monotonic clock from the start of the last renewal), and the
+//! command it sends ends before that point. The driver counts a silent router out only a fence
+//! margin after its lease ran out (by PostgreSQL's clock), so nothing of an operation lands
+//! after that. An operation cut short reports [`RouterError::RoutingStale`] (it only read) or
+//! [`RouterError::OutcomeUnknown`] (a write of it may have landed, in time). A router whose
+//! lease lapsed loads the current phase again before it serves: it renews, then loads, then
+//! serves.
 //!
 //! Every operation runs one of the pure [`crate::protocol`] machines against the shards; this
 //! module only turns their steps into MongoDB commands.
@@ -42,19 +49,19 @@ mod exec;
 mod list;
 mod stats;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mongodb::bson::{Bson, Document};
 use mongodb::options::WriteConcern;
-use tokio::sync::{watch, RwLock};
+use tokio::sync::{watch, Notify, RwLock};
 use tokio::task::JoinHandle;
 
 use crate::phase::Phase;
 use crate::protocol::{Operation, Outcome, ProtocolError};
 use crate::routing::{KeyValue, RoutingError, RoutingVersion};
-use crate::store::routers::Heartbeat;
+use crate::shards::Shards;
+use crate::store::routers::{Heartbeat, Renewal};
 use crate::store::{Store, StoreError, CHANNEL};
 
 pub use exec::{
@@ -70,6 +77,11 @@ pub struct RouterConfig {
     pub name: String,
     /// How long a heartbeat keeps the router's lease.
     pub lease_ttl: Duration,
+    /// How long before its lease runs out the router stops sending commands, and how long
+    /// after it the driver waits before counting a silent router out: it covers the time a
+    /// command takes to reach a server and the drift between the two clocks. `None`: a tenth
+    /// of `lease_ttl`. Below half of `lease_ttl`.
+    pub fence_margin: Option<Duration>,
     /// How often the router heartbeats (and polls, in case a `NOTIFY` was missed).
     pub heartbeat_interval: Duration,
     /// How long a write waits while the phase holds writes (the write switch) before it fails
@@ -100,10 +112,16 @@ pub struct StepEvent {
 }
 
 impl RouterConfig {
+    /// The fence margin in force ([`RouterConfig::fence_margin`]).
+    pub fn fence_margin(&self) -> Duration {
+        self.fence_margin.unwrap_or(self.lease_ttl / 10)
+    }
+
     pub fn named(name: impl Into<String>) -> Self {
         RouterConfig {
             name: name.into(),
             lease_ttl: Duration::from_secs(10),
+            fence_margin: None,
             heartbeat_interval: Duration::from_secs(2),
             hold_timeout: Duration::from_secs(5),
             write_concern: WriteConcern::majority().and_journal(true),
@@ -127,8 +145,12 @@ impl WriteConcernExt for WriteConcern {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
-    #[error("the router could not renew its lease in time; it refuses operations until it can reach the state store again")]
+    #[error("the router could not renew its lease in time; nothing of this operation was applied; it refuses operations until it can reach the state store again")]
     RoutingStale,
+    #[error("the router's lease ran out before the operation finished: its write may or may not have been applied (nothing of it can land later); read the document back, or retry an idempotent write")]
+    OutcomeUnknown,
+    #[error("the shard refused the write: {0}")]
+    Write(String),
     #[error("writes are held by the write switch and did not resume within {0:?}; retry")]
     WriteHeld(Duration),
     #[error("id {0} already exists")]
@@ -206,22 +228,37 @@ pub(crate) struct Inner {
     collection: String,
     id: uuid::Uuid,
     config: RouterConfig,
-    shards: HashMap<String, mongodb::Database>,
+    shards: Shards,
     /// Operations hold a read guard for their whole life; an epoch switch takes the write
     /// guard, so it waits for the operations of the old epoch to drain and new ones wait for
     /// the switch.
     snapshot: RwLock<Arc<Snapshot>>,
     epochs: watch::Sender<(Option<i64>, i64)>,
-    /// Until when the last renewed lease is valid, on the monotonic clock.
-    lease_valid_until: Mutex<Instant>,
+    lease: Mutex<Lease>,
+    /// Wakes the heartbeat task (an epoch was switched: acknowledge it now).
+    beat_now: Notify,
+    /// Wakes the follower (the lease lapsed: load the phase again).
+    reload_now: Notify,
     stats: Mutex<OperationStats>,
+}
+
+/// The router's lease, on the monotonic clock.
+struct Lease {
+    /// Until when the last renewal that counts is valid.
+    valid_until: Instant,
+    /// Bumped when a renewal found the lease lapsed (the driver may have counted this router
+    /// out and moved on): renewals do not count until a load that started after it.
+    lapses: u64,
+    /// The value of `lapses` when the last load of the phase started.
+    loaded: u64,
 }
 
 /// A router for one collection. Cheap to clone; clones share one registration.
 #[derive(Clone)]
 pub struct Router {
     inner: Arc<Inner>,
-    task: Arc<Mutex<Option<JoinHandle<()>>>>,
+    /// The follower and the heartbeat task; empty once shut down.
+    task: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Router {
@@ -233,13 +270,9 @@ impl Router {
         config: RouterConfig,
     ) -> Result<Router, RouterError> {
         let store = Store::connect(database_url).await?;
-        let mut shards = HashMap::new();
-        for shard in store.shards().await? {
-            let client = crate::mongo::client(shard.uri.expose())
-                .await
-                .map_err(|e| RouterError::InvalidUpdate(e.to_string()))?;
-            shards.insert(shard.name.clone(), client.database(&shard.database));
-        }
+        let shards = Shards::connect(&store.shards().await?, false)
+            .await
+            .map_err(|e| RouterError::InvalidUpdate(e.to_string()))?;
         Router::with_shards(store, collection, config, shards).await
     }
 
@@ -248,15 +281,19 @@ impl Router {
         store: Store,
         collection: &str,
         config: RouterConfig,
-        shards: HashMap<String, mongodb::Database>,
+        shards: impl Into<Shards>,
     ) -> Result<Router, RouterError> {
-        let snapshot = Snapshot::load(&store, collection).await?;
-        for v in [&snapshot.source, &snapshot.target] {
-            if let Some(missing) = v.shards().into_iter().find(|s| !shards.contains_key(s)) {
-                return Err(RouterError::UnknownShard(missing));
-            }
+        let shards = shards.into();
+        let margin = config.fence_margin();
+        if margin.is_zero() || margin * 2 >= config.lease_ttl {
+            return Err(RouterError::InvalidUpdate(format!(
+                "fence_margin ({margin:?}) must be above zero and below half of lease_ttl ({:?})",
+                config.lease_ttl
+            )));
         }
         let id = uuid::Uuid::new_v4();
+        // Register first, then load: any move the driver makes after the registration waits
+        // for this router, and every move before it is in what the load sees.
         let started = Instant::now();
         store
             .register_router(
@@ -266,26 +303,49 @@ impl Router {
                 &crate::commands::hostname(),
                 std::process::id() as i32,
                 config.lease_ttl,
+                config.fence_margin(),
             )
             .await?;
+        let snapshot = match Snapshot::load(&store, collection).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = store.deregister_router(id).await;
+                return Err(e.into());
+            }
+        };
+        for v in [&snapshot.source, &snapshot.target] {
+            if let Some(missing) = v.shards().into_iter().find(|s| !shards.contains(s)) {
+                let _ = store.deregister_router(id).await;
+                return Err(RouterError::UnknownShard(missing));
+            }
+        }
         let (epochs, _) = watch::channel((snapshot.migration_id, snapshot.epoch));
         let inner = Arc::new(Inner {
             store,
             collection: collection.to_owned(),
             id,
-            lease_valid_until: Mutex::new(started + config.lease_ttl),
+            lease: Mutex::new(Lease {
+                valid_until: started + config.lease_ttl,
+                lapses: 0,
+                loaded: 0,
+            }),
             config,
             shards,
             snapshot: RwLock::new(Arc::new(snapshot)),
             epochs,
+            beat_now: Notify::new(),
+            reload_now: Notify::new(),
             stats: Mutex::new(OperationStats::default()),
         });
         // Acknowledge the epoch we start with at once.
         inner.heartbeat().await;
-        let task = tokio::spawn(follow(inner.clone()));
+        let tasks = vec![
+            tokio::spawn(follow(inner.clone())),
+            tokio::spawn(heartbeats(inner.clone())),
+        ];
         Ok(Router {
             inner,
-            task: Arc::new(Mutex::new(Some(task))),
+            task: Arc::new(Mutex::new(tasks)),
         })
     }
 
@@ -308,12 +368,17 @@ impl Router {
 
     /// Stops following, and removes the registration so that no barrier waits for it.
     pub async fn shutdown(&self) {
-        let task = self.task.lock().expect("router task lock").take();
-        if let Some(task) = task {
-            task.abort();
-            let _ = task.await;
-            let _ = self.inner.store.deregister_router(self.inner.id).await;
+        let tasks = std::mem::take(&mut *self.task.lock().expect("router task lock"));
+        if tasks.is_empty() {
+            return;
         }
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        let _ = self.inner.store.deregister_router(self.inner.id).await;
     }
 
     /// The document with this tenant and id, or `None` (a tombstone is "not found").
@@ -402,7 +467,19 @@ impl Router {
         let result = async {
             self.inner.check_lease()?;
             let snapshot = self.inner.snapshot.read().await;
-            list::list_tenant(&self.inner, &snapshot, &tenant, after, limit).await
+            // A listing only reads, but a read answered from an old phase after the driver
+            // counted this router out could miss documents cleanup removed: it ends by the
+            // lease's deadline too.
+            let deadline = self
+                .inner
+                .step_deadline()
+                .ok_or(RouterError::RoutingStale)?;
+            tokio::time::timeout_at(
+                deadline,
+                list::list_tenant(&self.inner, &snapshot, &tenant, after, limit, deadline),
+            )
+            .await
+            .map_err(|_| RouterError::RoutingStale)?
         }
         .await;
         self.inner.record("list_tenant", started, result.is_ok());
@@ -487,12 +564,19 @@ fn unreachable_outcome<T>(op: &str, outcome: Outcome<Document>) -> T {
 }
 
 impl Inner {
+    /// Refuses to start an operation once the lease is about to run out.
     fn check_lease(&self) -> Result<(), RouterError> {
-        if Instant::now() < *self.lease_valid_until.lock().expect("lease lock") {
-            Ok(())
-        } else {
-            Err(RouterError::RoutingStale)
-        }
+        self.step_deadline()
+            .map(|_| ())
+            .ok_or(RouterError::RoutingStale)
+    }
+
+    /// The time by which the next step must have ended: a fence margin before the lease runs
+    /// out. `None` once that time has passed.
+    fn step_deadline(&self) -> Option<tokio::time::Instant> {
+        let until = self.lease.lock().expect("lease lock").valid_until;
+        let deadline = until.checked_sub(self.config.fence_margin())?;
+        (Instant::now() < deadline).then(|| tokio::time::Instant::from_std(deadline))
     }
 
     fn record(&self, op: &'static str, started: Instant, ok: bool) {
@@ -502,23 +586,28 @@ impl Inner {
             .record(op, started.elapsed(), ok);
     }
 
-    /// Renews the lease and acknowledges the epoch applied now.
+    /// Renews the lease and acknowledges the epoch applied now (the epoch switched to last,
+    /// read without waiting for a switch in progress).
     async fn heartbeat(&self) {
         let started = Instant::now();
-        let snapshot = self.snapshot.read().await.clone();
+        let (migration_id, epoch) = *self.epochs.borrow();
         let stats = self.stats.lock().expect("stats lock").take_report();
         let beat = Heartbeat {
-            migration_id: snapshot.migration_id,
-            acked_epoch: snapshot.migration_id.map(|_| snapshot.epoch),
+            migration_id,
+            acked_epoch: migration_id.map(|_| epoch),
             stats: &stats,
         };
-        let renewed = match self
+        let renewal = match self
             .store
-            .router_heartbeat(self.id, self.config.lease_ttl, &beat)
+            .router_heartbeat(
+                self.id,
+                self.config.lease_ttl,
+                self.config.fence_margin(),
+                &beat,
+            )
             .await
         {
-            Ok(true) => true,
-            Ok(false) => self
+            Ok(Renewal::Gone) => match self
                 .store
                 .register_router(
                     self.id,
@@ -527,24 +616,64 @@ impl Inner {
                     &crate::commands::hostname(),
                     std::process::id() as i32,
                     self.config.lease_ttl,
+                    self.config.fence_margin(),
                 )
                 .await
-                .is_ok(),
+            {
+                // A new registration is a lapse: the driver did not wait for this router.
+                Ok(()) => Renewal::Lapsed,
+                Err(e) => {
+                    tracing::warn!(router = %self.config.name, error = %e, "registration failed");
+                    return;
+                }
+            },
+            Ok(renewal) => renewal,
             Err(e) => {
                 tracing::warn!(router = %self.config.name, error = %e, "heartbeat failed");
-                false
+                return;
             }
         };
-        if renewed {
-            *self.lease_valid_until.lock().expect("lease lock") = started + self.config.lease_ttl;
+        let mut lease = self.lease.lock().expect("lease lock");
+        if renewal == Renewal::Lapsed {
+            // The driver may have counted this router out and moved on: serve again only once
+            // the phase was loaded after this renewal.
+            lease.lapses += 1;
+            drop(lease);
+            tracing::warn!(
+                router = %self.config.name,
+                "the lease had lapsed; loading the phase again before serving"
+            );
+            self.reload_now.notify_one();
+            return;
+        }
+        if lease.loaded >= lease.lapses {
+            lease.valid_until = started + self.config.lease_ttl;
         }
     }
 
     /// Loads the state and, when the epoch changed, drains and switches.
     async fn refresh(&self) -> bool {
+        let lapses = self.lease.lock().expect("lease lock").lapses;
+        let switched = self.load().await;
+        if let Some(switched) = switched {
+            let mut lease = self.lease.lock().expect("lease lock");
+            let covers_a_lapse = lapses > lease.loaded;
+            lease.loaded = lease.loaded.max(lapses);
+            drop(lease);
+            // Acknowledge a switch, or renew a lapsed lease, without waiting for the interval.
+            if switched || covers_a_lapse {
+                self.beat_now.notify_one();
+            }
+        }
+        switched.unwrap_or(false)
+    }
+
+    /// One load of the migration state: `Some(true)` when it switched epochs, `Some(false)`
+    /// when the epoch is current, `None` when the state store could not be read.
+    async fn load(&self) -> Option<bool> {
         let warn = |e: StoreError| {
             tracing::warn!(router = %self.config.name, error = %e, "cannot load the migration state");
-            false
+            None
         };
         // Polls are frequent: read the migration row alone, and the versions only on a change.
         let active = match self.store.followed_migration(&self.collection).await {
@@ -554,14 +683,14 @@ impl Inner {
         let current = self.snapshot.read().await.clone();
         let key = (active.as_ref().map(|m| m.id), active.map_or(0, |m| m.epoch));
         if key == (current.migration_id, current.epoch) {
-            return false;
+            return Some(false);
         }
         let fresh = match Snapshot::load(&self.store, &self.collection).await {
             Ok(s) => s,
             Err(e) => return warn(e),
         };
         if current.same_epoch(&fresh) {
-            return false;
+            return Some(false);
         }
         let mut guard = self.snapshot.write().await;
         tracing::info!(
@@ -573,38 +702,46 @@ impl Inner {
         *guard = Arc::new(fresh);
         drop(guard);
         self.epochs.send_replace(key);
-        true
+        Some(true)
     }
 }
 
-/// The background loop: listen for changes, poll anyway, heartbeat, switch epochs.
+/// The follower: listens for changes, polls anyway, loads the state and switches epochs. A
+/// switch waits for the operations of the old epoch to drain; the heartbeat task goes on
+/// meanwhile.
 async fn follow(inner: Arc<Inner>) {
     let mut listener = listen(&inner).await;
-    let mut next_beat = tokio::time::Instant::now() + inner.config.heartbeat_interval;
     loop {
-        let woke = match listener.as_mut() {
+        let poll = inner.config.heartbeat_interval;
+        match listener.as_mut() {
             Some(l) => tokio::select! {
-                n = l.recv() => match n {
-                    Ok(_) => true,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "lost the NOTIFY listener; polling");
-                        listener = None;
-                        false
-                    }
+                n = l.recv() => if let Err(e) = n {
+                    tracing::warn!(error = %e, "lost the NOTIFY listener; polling");
+                    listener = None;
                 },
-                _ = tokio::time::sleep_until(next_beat) => false,
+                _ = tokio::time::sleep(poll) => {}
+                _ = inner.reload_now.notified() => {}
             },
             None => {
-                tokio::time::sleep_until(next_beat).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = inner.reload_now.notified() => {}
+                }
                 listener = listen(&inner).await;
-                false
             }
-        };
-        let switched = inner.refresh().await;
-        if switched || !woke || tokio::time::Instant::now() >= next_beat {
-            inner.heartbeat().await;
-            next_beat = tokio::time::Instant::now() + inner.config.heartbeat_interval;
         }
+        inner.refresh().await;
+    }
+}
+
+/// The heartbeat task: renews the lease every interval, and at once after an epoch switch.
+async fn heartbeats(inner: Arc<Inner>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(inner.config.heartbeat_interval) => {}
+            _ = inner.beat_now.notified() => {}
+        }
+        inner.heartbeat().await;
     }
 }
 

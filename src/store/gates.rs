@@ -15,17 +15,21 @@ pub(super) async fn check(
     let closed = |detail: String| Err(StoreError::GateClosed { gate, detail });
     match gate {
         Gate::RoutersAcknowledged => {
-            let missing = super::routers::unacknowledged(conn, migration).await?;
+            let missing: Vec<_> = super::routers::unacknowledged(conn, migration)
+                .await?
+                .into_iter()
+                .filter(|r| !r.counted_out)
+                .collect();
             if missing.is_empty() {
                 Ok(())
             } else {
                 let names = missing
                     .iter()
-                    .map(|r| format!("{} ({}, pid {}, epoch {})", r.name, r.host, r.pid, r.acked))
+                    .map(|r| r.label())
                     .collect::<Vec<_>>()
                     .join(", ");
                 closed(format!(
-                    "{} live router(s) have not acknowledged epoch {}: {names}",
+                    "{} router(s) have not acknowledged epoch {}: {names}",
                     missing.len(),
                     migration.epoch
                 ))

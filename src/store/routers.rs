@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::migrations::Migration;
 use super::{Store, StoreResult};
 
-/// A router with a live lease that has not acknowledged a migration's current epoch.
+/// A router that has not acknowledged a migration's current epoch.
 #[derive(Clone, Debug, Serialize)]
 pub struct Unacknowledged {
     pub name: String,
@@ -15,11 +15,33 @@ pub struct Unacknowledged {
     pub pid: i32,
     /// The epoch it last acknowledged, `-` when none for this migration.
     pub acked: String,
+    /// When its lease ran out or runs out (PostgreSQL's clock).
+    pub lease_expires_at: DateTime<Utc>,
+    /// Whether it is counted out: a fence margin has passed since its lease ran out, so no
+    /// step of it can land any more and it loads the phase again before it serves.
+    pub counted_out: bool,
 }
 
-/// Routers of the migration's collection that hold a live lease (by the database's clock) and
-/// have not acknowledged its current epoch. A router whose lease expired refuses writes until
-/// it refreshes, so it no longer holds up a barrier.
+impl Unacknowledged {
+    /// `name (host, pid N, epoch E)`.
+    pub fn label(&self) -> String {
+        format!(
+            "{} ({}, pid {}, epoch {})",
+            self.name, self.host, self.pid, self.acked
+        )
+    }
+}
+
+/// Routers of the migration's collection that have not acknowledged its current epoch, the
+/// ones still counted and the ones counted out alike ([`Unacknowledged::counted_out`]).
+///
+/// A router is counted out only once a fence margin has passed since its lease ran out, by
+/// `clock_timestamp()` (the time now, not the transaction's start): it stops sending commands
+/// a margin before its lease ends and every command ends by then, so nothing of it lands
+/// afterwards. The rows are locked (`FOR SHARE`): a renewal racing this check either commits
+/// first and is seen, or waits and then finds its lease lapsed (see
+/// [`Store::router_heartbeat`]), so the driver and the router never disagree on whether the
+/// router was counted.
 pub async fn unacknowledged(
     conn: &mut PgConnection,
     migration: &Migration,
@@ -31,12 +53,17 @@ pub async fn unacknowledged(
         pid: i32,
         migration_id: Option<i64>,
         acked_epoch: Option<i64>,
+        lease_expires_at: DateTime<Utc>,
+        counted_out: bool,
     }
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT name, host, pid, migration_id, acked_epoch FROM routers
-         WHERE collection = $1 AND lease_expires_at > now()
+        "SELECT name, host, pid, migration_id, acked_epoch, lease_expires_at,
+                lease_expires_at + fence_margin <= clock_timestamp() AS counted_out
+         FROM routers
+         WHERE collection = $1
            AND (migration_id IS DISTINCT FROM $2 OR acked_epoch IS NULL OR acked_epoch < $3)
-         ORDER BY name, host, pid",
+         ORDER BY name, host, pid
+         FOR SHARE",
     )
     .bind(&migration.collection)
     .bind(migration.id)
@@ -53,8 +80,22 @@ pub async fn unacknowledged(
                 (Some(m), Some(e)) if m == migration.id => e.to_string(),
                 _ => "-".to_owned(),
             },
+            lease_expires_at: r.lease_expires_at,
+            counted_out: r.counted_out,
         })
         .collect())
+}
+
+/// What a renewal found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease had not lapsed: the driver was still counting this router.
+    Continuous,
+    /// The lease had lapsed (a fence margin past its end): the driver may have counted the
+    /// router out and moved on. It must load the phase again before it serves.
+    Lapsed,
+    /// The registration is gone (removed by an operator): register again.
+    Gone,
 }
 
 /// A router as `routers list` shows it.
@@ -85,7 +126,9 @@ pub struct Heartbeat<'a> {
 }
 
 impl Store {
-    /// Registers a router (or renews a registration with the same id) with a lease of `ttl`.
+    /// Registers a router (or renews a registration with the same id) with a lease of `ttl`
+    /// and its fence margin. A registration acknowledges nothing yet.
+    #[allow(clippy::too_many_arguments)]
     pub async fn register_router(
         &self,
         id: uuid::Uuid,
@@ -94,12 +137,15 @@ impl Store {
         host: &str,
         pid: i32,
         ttl: std::time::Duration,
+        fence_margin: std::time::Duration,
     ) -> StoreResult<()> {
         sqlx::query(
-            "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at)
-             VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))
+            "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at, fence_margin)
+             VALUES ($1, $2, $3, $4, $5, clock_timestamp() + make_interval(secs => $6),
+                     make_interval(secs => $7))
              ON CONFLICT (id) DO UPDATE
-             SET heartbeat_at = now(), lease_expires_at = EXCLUDED.lease_expires_at",
+             SET heartbeat_at = now(), lease_expires_at = EXCLUDED.lease_expires_at,
+                 fence_margin = EXCLUDED.fence_margin",
         )
         .bind(id)
         .bind(collection)
@@ -107,33 +153,47 @@ impl Store {
         .bind(host)
         .bind(pid)
         .bind(ttl.as_secs_f64())
+        .bind(fence_margin.as_secs_f64())
         .execute(self.pool())
         .await?;
         Ok(())
     }
 
-    /// Renews the lease and records the epoch the router applies. Returns false when the
-    /// registration is gone (removed by an operator), in which case the router registers again.
+    /// Renews the lease and records the epoch the router applies, and says whether the lease
+    /// had lapsed meanwhile ([`Renewal`]), by `clock_timestamp()` under the row lock, the same
+    /// rule and clock the barrier counts routers out by ([`unacknowledged`]).
     pub async fn router_heartbeat(
         &self,
         id: uuid::Uuid,
         ttl: std::time::Duration,
+        fence_margin: std::time::Duration,
         beat: &Heartbeat<'_>,
-    ) -> StoreResult<bool> {
-        let done = sqlx::query(
-            "UPDATE routers SET heartbeat_at = now(),
-                    lease_expires_at = now() + make_interval(secs => $2),
-                    migration_id = $3, acked_epoch = $4, stats = $5
-             WHERE id = $1",
+    ) -> StoreResult<Renewal> {
+        let continuous: Option<bool> = sqlx::query_scalar(
+            "WITH old AS (
+                 SELECT id, lease_expires_at + fence_margin > clock_timestamp() AS continuous
+                 FROM routers WHERE id = $1 FOR UPDATE
+             )
+             UPDATE routers r SET heartbeat_at = now(),
+                    lease_expires_at = clock_timestamp() + make_interval(secs => $2),
+                    fence_margin = make_interval(secs => $3),
+                    migration_id = $4, acked_epoch = $5, stats = $6
+             FROM old WHERE r.id = old.id
+             RETURNING old.continuous",
         )
         .bind(id)
         .bind(ttl.as_secs_f64())
+        .bind(fence_margin.as_secs_f64())
         .bind(beat.migration_id)
         .bind(beat.acked_epoch)
         .bind(beat.stats)
-        .execute(self.pool())
+        .fetch_optional(self.pool())
         .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(match continuous {
+            None => Renewal::Gone,
+            Some(true) => Renewal::Continuous,
+            Some(false) => Renewal::Lapsed,
+        })
     }
 
     /// Removes a router's registration (on orderly shutdown), so it holds up no barrier.
@@ -145,13 +205,27 @@ impl Store {
         Ok(())
     }
 
-    /// Live routers of the migration's collection that have not acknowledged its current epoch.
+    /// Routers of the migration's collection that still count and have not acknowledged its
+    /// current epoch.
     pub async fn unacknowledged_routers(
         &self,
         migration: &Migration,
     ) -> StoreResult<Vec<Unacknowledged>> {
-        let mut conn = self.pool().acquire().await?;
-        unacknowledged(&mut conn, migration).await
+        Ok(self
+            .routers_behind(migration)
+            .await?
+            .into_iter()
+            .filter(|r| !r.counted_out)
+            .collect())
+    }
+
+    /// Every router of the migration's collection that has not acknowledged its current epoch,
+    /// counted out or not.
+    pub async fn routers_behind(&self, migration: &Migration) -> StoreResult<Vec<Unacknowledged>> {
+        let mut tx = self.pool().begin().await?;
+        let rows = unacknowledged(&mut tx, migration).await?;
+        tx.commit().await?;
+        Ok(rows)
     }
 
     pub async fn routers(&self, collection: Option<&str>) -> StoreResult<Vec<RouterRow>> {

@@ -1,0 +1,226 @@
+//! Single-document commands that end by a deadline: what a router sends for one protocol step.
+//!
+//! A command can be applied by the server after the client stopped waiting for it, so a
+//! router's lease fences its operations only if every command it sends ends before the lease
+//! does (ARCHITECTURE.md, "Leases fence every step"). Each command here therefore
+//!
+//! - is not sent at all once its deadline has passed ([`CommandError::NotSent`]);
+//! - carries `maxTimeMS` = the time left until the deadline, so the server gives up on it by
+//!   then (MongoDB checks it on `find`, `insert`, `update` and `delete`; through `mongos` from
+//!   5.0 on);
+//! - is waited for only until the deadline ([`CommandError::NoAnswer`]: it may or may not
+//!   have been applied, and cannot be applied later than the deadline plus the time it took
+//!   to reach the server, which the router's fence margin covers);
+//! - is sent as a raw command, which the driver never retries (a retry could land after the
+//!   deadline).
+
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::options::WriteConcern;
+use mongodb::Database;
+use tokio::time::Instant;
+
+use crate::copy::classify::{
+    classify, failures_from_reply, FailureClass, FailureOrigin, WriteFailure,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The deadline had passed: nothing was sent.
+    #[error("the deadline passed before the command was sent")]
+    NotSent,
+    /// Sent, but no answer came before the deadline: it may have been applied (by the
+    /// deadline, not after).
+    #[error("no answer before the deadline; the command may or may not have been applied")]
+    NoAnswer,
+    /// The server refused a statement (a write error) or could not confirm its write concern.
+    #[error("{}", .0.describe())]
+    Write(Box<WriteFailure>),
+    #[error(transparent)]
+    Mongo(#[from] mongodb::error::Error),
+}
+
+/// What a write command answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Applied: documents matched (`n`; for an insert, inserted) and whether an upsert
+    /// inserted one.
+    Applied { matched: u64, upserted: bool },
+    /// A unique index already holds the key.
+    DuplicateKey,
+}
+
+impl Written {
+    pub fn matched(&self) -> bool {
+        matches!(self, Written::Applied { matched, upserted } if *matched > 0 || *upserted)
+    }
+}
+
+/// Runs `command` against `db`, ending by `deadline`.
+async fn run(
+    db: &Database,
+    mut command: Document,
+    deadline: Instant,
+) -> Result<Document, CommandError> {
+    let now = Instant::now();
+    if now >= deadline {
+        return Err(CommandError::NotSent);
+    }
+    let left = deadline - now;
+    command.insert("maxTimeMS", left.as_millis().max(1) as i64);
+    match tokio::time::timeout_at(deadline, db.run_command(command)).await {
+        Err(_) => Err(CommandError::NoAnswer),
+        Ok(Err(e)) => Err(CommandError::Mongo(e)),
+        Ok(Ok(reply)) => Ok(reply),
+    }
+}
+
+/// The first document of `collection` matching `filter`.
+pub async fn find_one(
+    db: &Database,
+    collection: &str,
+    filter: Document,
+    deadline: Instant,
+) -> Result<Option<Document>, CommandError> {
+    let reply = run(
+        db,
+        doc! { "find": collection, "filter": filter, "limit": 1, "singleBatch": true },
+        deadline,
+    )
+    .await?;
+    Ok(reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .and_then(|batch| batch.first())
+        .and_then(|d| match d {
+            Bson::Document(d) => Some(d.clone()),
+            _ => None,
+        }))
+}
+
+pub async fn insert_one(
+    db: &Database,
+    collection: &str,
+    document: Document,
+    write_concern: &WriteConcern,
+    deadline: Instant,
+) -> Result<Written, CommandError> {
+    let command = with_concern(
+        doc! { "insert": collection, "documents": [document], "ordered": true },
+        write_concern,
+    );
+    written(run(db, command, deadline).await?)
+}
+
+/// Replaces (a document `update`) or modifies (operators or a pipeline) the first document
+/// matching `filter`.
+pub async fn update_one(
+    db: &Database,
+    collection: &str,
+    filter: Document,
+    update: impl Into<Bson>,
+    upsert: bool,
+    write_concern: &WriteConcern,
+    deadline: Instant,
+) -> Result<Written, CommandError> {
+    let statement = doc! { "q": filter, "u": update.into(), "upsert": upsert, "multi": false };
+    let command = with_concern(
+        doc! { "update": collection, "updates": [statement], "ordered": true },
+        write_concern,
+    );
+    written(run(db, command, deadline).await?)
+}
+
+pub async fn delete_one(
+    db: &Database,
+    collection: &str,
+    filter: Document,
+    write_concern: &WriteConcern,
+    deadline: Instant,
+) -> Result<Written, CommandError> {
+    let command = with_concern(
+        doc! { "delete": collection, "deletes": [{ "q": filter, "limit": 1 }], "ordered": true },
+        write_concern,
+    );
+    written(run(db, command, deadline).await?)
+}
+
+fn with_concern(mut command: Document, write_concern: &WriteConcern) -> Document {
+    if let Ok(concern) = mongodb::bson::to_document(write_concern) {
+        if !concern.is_empty() {
+            command.insert("writeConcern", concern);
+        }
+    }
+    command
+}
+
+/// Reads a one-statement write reply: a duplicate key is an answer, any other write error or a
+/// write concern error is an error.
+fn written(reply: Document) -> Result<Written, CommandError> {
+    let outcome = failures_from_reply(&reply, 1);
+    if let Some((_, failure)) = outcome.failures.into_iter().next() {
+        // A duplicate `_id` is an answer; a duplicate on another unique index is a refusal.
+        if failure.origin == FailureOrigin::WriteError
+            && classify(&failure) == FailureClass::AlreadyPresent
+        {
+            return Ok(Written::DuplicateKey);
+        }
+        return Err(CommandError::Write(Box::new(failure)));
+    }
+    let upserted = reply
+        .get_array("upserted")
+        .map(|u| !u.is_empty())
+        .unwrap_or(false);
+    Ok(Written::Applied {
+        matched: if upserted {
+            outcome.n.saturating_sub(1)
+        } else {
+            outcome.n
+        },
+        upserted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_replies_read_as_answers() {
+        assert_eq!(
+            written(doc! { "n": 1, "ok": 1 }).unwrap(),
+            Written::Applied {
+                matched: 1,
+                upserted: false
+            }
+        );
+        assert_eq!(
+            written(
+                doc! { "n": 1, "nModified": 0, "upserted": [{ "index": 0, "_id": 5 }], "ok": 1 }
+            )
+            .unwrap(),
+            Written::Applied {
+                matched: 0,
+                upserted: true
+            }
+        );
+        assert_eq!(
+            written(doc! { "n": 0, "ok": 1, "writeErrors": [
+                { "index": 0, "code": 11000, "errmsg": "E11000 duplicate key" }
+            ] })
+            .unwrap(),
+            Written::DuplicateKey
+        );
+        assert!(matches!(
+            written(
+                doc! { "n": 1, "ok": 1, "writeConcernError": { "code": 64, "errmsg": "wtimeout" } }
+            ),
+            Err(CommandError::Write(_))
+        ));
+        assert!(!Written::Applied {
+            matched: 0,
+            upserted: false
+        }
+        .matched());
+    }
+}

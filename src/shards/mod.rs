@@ -1,0 +1,159 @@
+//! The shard access layer: the only holder of MongoDB client and database handles.
+//!
+//! [`Shards`] maps each registered shard's name to its database handle and resolves a
+//! [`Location`] to its collection. The router's single-document steps go through
+//! [`command`] (every command carries a deadline), scans and lookups by id through [`read`],
+//! and the workers' bulk writes through [`crate::copy::BulkWriter`] over the same handles.
+
+pub mod command;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongodb::bson::{doc, Document};
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Collection, Database};
+
+use crate::redact::{redact_uri, Redacted};
+use crate::routing::Location;
+
+/// A database handle per shard name. Cheap to clone; clones share the handles.
+#[derive(Clone, Debug, Default)]
+pub struct Shards {
+    databases: Arc<BTreeMap<String, Database>>,
+}
+
+/// A location names a shard this process has no connection for.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("shard {0:?} is used by a routing version but has no connection")]
+pub struct UnknownShard(pub String);
+
+impl Shards {
+    /// Handles the caller opened itself (an application's own clients, a test's).
+    pub fn new(databases: impl IntoIterator<Item = (String, Database)>) -> Shards {
+        Shards {
+            databases: Arc::new(databases.into_iter().collect()),
+        }
+    }
+
+    /// Opens a client per registered shard. With `bulk_writer`, the clients leave write
+    /// retries to the bulk writer ([`writer_client`]).
+    pub async fn connect(
+        shards: &[crate::store::shards::Shard],
+        bulk_writer: bool,
+    ) -> Result<Shards, ShardConnectError> {
+        let mut databases = BTreeMap::new();
+        for shard in shards {
+            let client = connect(shard.uri.expose(), bulk_writer).await?;
+            databases.insert(shard.name.clone(), client.database(&shard.database));
+        }
+        Ok(Shards {
+            databases: Arc::new(databases),
+        })
+    }
+
+    pub fn database(&self, shard: &str) -> Result<&Database, UnknownShard> {
+        self.databases
+            .get(shard)
+            .ok_or_else(|| UnknownShard(shard.to_owned()))
+    }
+
+    pub fn collection(&self, location: &Location) -> Result<Collection<Document>, UnknownShard> {
+        Ok(self
+            .database(&location.shard)?
+            .collection::<Document>(&location.collection))
+    }
+
+    pub fn contains(&self, shard: &str) -> bool {
+        self.databases.contains_key(shard)
+    }
+
+    /// Every shard name and its database handle, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Database)> {
+        self.databases.iter()
+    }
+}
+
+impl From<BTreeMap<String, Database>> for Shards {
+    fn from(databases: BTreeMap<String, Database>) -> Shards {
+        Shards::new(databases)
+    }
+}
+
+impl From<std::collections::HashMap<String, Database>> for Shards {
+    fn from(databases: std::collections::HashMap<String, Database>) -> Shards {
+        Shards::new(databases)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShardConnectError {
+    #[error("{uri} is not a usable MongoDB connection string: {reason}")]
+    BadUri { uri: Redacted, reason: String },
+    #[error("{uri} did not answer a ping on database {database:?}: {reason}")]
+    NoAnswer {
+        uri: Redacted,
+        database: String,
+        reason: String,
+    },
+}
+
+/// A client for `uri`, with timeouts short enough that a dead shard is reported, not waited on.
+pub async fn client(uri: &str) -> Result<Client, ShardConnectError> {
+    connect(uri, false).await
+}
+
+/// A client for the code that writes in bulk: the driver does not retry writes itself, so the
+/// bulk writer sees every failure (overload included) and owns the retries.
+pub async fn writer_client(uri: &str) -> Result<Client, ShardConnectError> {
+    connect(uri, true).await
+}
+
+async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectError> {
+    let bad = |e: mongodb::error::Error| ShardConnectError::BadUri {
+        uri: Redacted::new(uri),
+        reason: redact_uri(&e.to_string()),
+    };
+    let mut options = ClientOptions::parse(uri).await.map_err(bad)?;
+    if bulk_writer {
+        crate::copy::writer::disable_driver_write_retries(&mut options);
+    }
+    options.app_name.get_or_insert_with(|| "reshard".to_owned());
+    options
+        .server_selection_timeout
+        .get_or_insert(Duration::from_secs(10));
+    options
+        .connect_timeout
+        .get_or_insert(Duration::from_secs(5));
+    Client::with_options(options).map_err(bad)
+}
+
+/// Checks that the shard answers on its database.
+pub async fn ping(uri: &str, database: &str) -> Result<(), ShardConnectError> {
+    let client = client(uri).await?;
+    client
+        .database(database)
+        .run_command(doc! { "ping": 1 })
+        .await
+        .map(|_| ())
+        .map_err(|e| ShardConnectError::NoAnswer {
+            uri: Redacted::new(uri),
+            database: database.to_owned(),
+            reason: redact_uri(&e.to_string()),
+        })
+}
+
+/// A database handle per shard, by shard name. With `bulk_writer`, the clients leave write
+/// retries to the bulk writer ([`writer_client`]).
+pub async fn databases(
+    shards: Vec<crate::store::shards::Shard>,
+    bulk_writer: bool,
+) -> Result<std::collections::BTreeMap<String, mongodb::Database>, ShardConnectError> {
+    let mut databases = std::collections::BTreeMap::new();
+    for shard in shards {
+        let client = connect(shard.uri.expose(), bulk_writer).await?;
+        databases.insert(shard.name, client.database(&shard.database));
+    }
+    Ok(databases)
+}
