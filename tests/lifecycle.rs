@@ -319,7 +319,22 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
         "the rollback must land mid-backfill: {before:?}"
     );
 
-    ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
+    let rollback = reshard(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
+    assert!(rollback.status.success());
+    // The hint names the commands that finish the rollback; they are what this test runs.
+    let hint = String::from_utf8_lossy(&rollback.stderr).into_owned();
+    let advances: Vec<Vec<String>> = hint
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|c| c.starts_with("reshard migration advance"))
+        .map(|c| c.split_whitespace().skip(1).map(str::to_owned).collect())
+        .collect();
+    assert_eq!(
+        advances.iter().map(|a| a.join(" ")).collect::<Vec<_>>(),
+        [format!("migration advance {id} --to revert_switch")],
+        "{hint}"
+    );
     ok(
         &w.db,
         &[
@@ -345,10 +360,10 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
         revert.partitions > 0 && revert.done == revert.partitions,
         "{revert:?}"
     );
-    ok(
-        &w.db,
-        &["migration", "advance", &id, "--to", "revert_switch"],
-    );
+    for args in &advances {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&w.db, &args);
+    }
     let m = w.store.migration(w.migration).await.unwrap();
     assert_eq!(m.phase().as_str(), "rolled_back");
 
