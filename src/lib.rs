@@ -8,6 +8,8 @@ pub mod backfill;
 pub mod cli;
 mod commands;
 pub mod copy;
+pub mod disposition;
+pub mod envelope;
 pub mod error;
 pub mod finish;
 pub mod ids;

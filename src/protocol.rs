@@ -27,6 +27,7 @@
 //! grow, because nothing deletes a target document before cleanup. The machines never see
 //! revisions: only [`Step::MirrorToSource`] compares them, inside the executor.
 
+use crate::disposition::Disposition;
 use crate::phase::{Phase, ReadPath, WritePath};
 
 /// Which layout a step addresses: the document's location in the source or in the target
@@ -81,6 +82,9 @@ pub enum Step<D, U> {
     /// Delete the document only if it is a tombstone: the purge. Answered by
     /// [`Answer::Matched`].
     DeleteTombstone(Side),
+    /// Replace the document only if it is a live pristine copy (written by a copier and by no
+    /// one since): a repair's second try. Answered by [`Answer::Matched`].
+    ReplaceCopy(Side, Payload<D>),
     /// Carry the target's document of the id (live or tombstone) to the source, unless the
     /// source already holds an equal or higher revision. Two single-document operations, in
     /// this order: read the target document with its revision `r` (absent: nothing to do,
@@ -628,6 +632,107 @@ pub fn purge_tombstone_step<D, U>(side: Side) -> Step<D, U> {
 /// carries back everything written before.
 pub fn revert_copy_step<D, U>() -> Step<D, U> {
     Step::MirrorToSource
+}
+
+/// What the backfill does with a document it scanned in the source.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum BackfillAction<D, U> {
+    /// Write this step: a copy's insert-if-absent ([`copy_step`]) for a document that moves,
+    /// a stamp of the routing field for one that stays.
+    Write(Step<D, U>),
+    /// A source document already where it belongs, as it should be: counted, nothing written.
+    InPlace,
+    /// Not a source document (a tombstone, a document of the other layout): outside the
+    /// partition's ledger.
+    Skip,
+    /// It cannot be routed: a dead letter, never copied (and so never deleted by cleanup).
+    DeadLetter(String),
+}
+
+/// The backfill's decision for one scanned source document; `stamp` builds the update that
+/// sets a routing field to a value.
+pub fn backfill_action<D, U>(
+    disposition: &Disposition,
+    doc: D,
+    stamp: impl FnOnce(&str, i32) -> U,
+) -> BackfillAction<D, U> {
+    match disposition {
+        Disposition::Moves { .. } => BackfillAction::Write(copy_step(doc)),
+        Disposition::Stays {
+            stamp: Some((field, value)),
+        } => BackfillAction::Write(Step::UpdateLive(Side::Target, stamp(field, *value))),
+        Disposition::Stays { stamp: None } => BackfillAction::InPlace,
+        Disposition::Tombstone { .. } | Disposition::Foreign | Disposition::Placed { .. } => {
+            BackfillAction::Skip
+        }
+        Disposition::Unroutable { reason } => BackfillAction::DeadLetter(reason.clone()),
+    }
+}
+
+/// What cleanup does with a document it scanned in the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CleanupAction {
+    /// It moved: look it up in the target ([`cleanup_lookup_step`]), then
+    /// [`cleanup_decision`].
+    LookUp,
+    /// Keep it: it never moves, or it was never copied (it cannot be routed, or an operator
+    /// skipped its dead letter). Counted in the ledger as kept.
+    Keep,
+    /// Not a source document: outside the ledger.
+    Skip,
+}
+
+/// Cleanup's decision for one scanned source document. `dead_letter_skipped`: an operator
+/// skipped this id's dead letter, so it was never copied.
+pub fn cleanup_action(disposition: &Disposition, dead_letter_skipped: bool) -> CleanupAction {
+    match disposition {
+        Disposition::Moves { .. } if dead_letter_skipped => CleanupAction::Keep,
+        Disposition::Moves { .. } => CleanupAction::LookUp,
+        Disposition::Stays { .. } | Disposition::Unroutable { .. } => CleanupAction::Keep,
+        Disposition::Tombstone { .. } | Disposition::Foreign | Disposition::Placed { .. } => {
+            CleanupAction::Skip
+        }
+    }
+}
+
+/// What the revert copier does with a document it scanned in the target.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RevertAction<D, U> {
+    /// Carry it back: [`revert_copy_step`], whose first half (reading the target's image) is
+    /// the scan itself.
+    Write(Step<D, U>),
+    /// A pristine copy: the source holds the same document.
+    InPlace,
+    /// Not the target's document here.
+    Skip,
+}
+
+/// The revert copier's decision for one scanned target document.
+pub fn revert_action<D, U>(disposition: &Disposition) -> RevertAction<D, U> {
+    match disposition {
+        Disposition::Placed {
+            pristine: false, ..
+        }
+        | Disposition::Tombstone { source: Some(_) } => RevertAction::Write(revert_copy_step()),
+        Disposition::Placed { pristine: true, .. } => RevertAction::InPlace,
+        Disposition::Tombstone { source: None }
+        | Disposition::Moves { .. }
+        | Disposition::Stays { .. }
+        | Disposition::Foreign
+        | Disposition::Unroutable { .. } => RevertAction::Skip,
+    }
+}
+
+/// A repair's first write for a source document the target lacks or holds wrong: the copier's
+/// insert-if-absent of a fresh pristine copy.
+pub fn repair_copy_step<D, U>(doc: D) -> Step<D, U> {
+    copy_step(doc)
+}
+
+/// A repair's second write, after its insert met a duplicate: replace the document only while
+/// it is still a pristine copy, never over the application's write or a tombstone.
+pub fn repair_replace_step<D, U>(doc: D) -> Step<D, U> {
+    Step::ReplaceCopy(Side::Target, Payload::Copy(doc))
 }
 
 /// What cleanup may do with a source document once it looked the id up in the target.

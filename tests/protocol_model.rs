@@ -191,6 +191,7 @@ fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             }
             Answer::Matched(hit)
         }
+        Step::ReplaceCopy(..) => unreachable!("no actor repairs yet"),
         Step::MirrorToSource => unreachable!("mirrors run as two steps"),
     }
 }

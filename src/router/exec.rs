@@ -209,6 +209,21 @@ async fn execute(
             .await?;
             Answer::Matched(replaced)
         }
+        Step::ReplaceCopy(_, payload) => {
+            let filter = crate::envelope::pristine_copy_of(keys.id);
+            let w = command::update_one(
+                db,
+                coll,
+                filter,
+                materialise(payload, 0),
+                false,
+                wc,
+                deadline,
+            )
+            .await
+            .map_err(command_error)?;
+            Answer::Matched(w.matched())
+        }
         Step::UpdateLive(_, update) => {
             let update = stamp_update(update, snapshot, v, &located);
             let w = command::update_one(db, coll, live, update, false, wc, deadline)
@@ -335,6 +350,7 @@ fn step_event<D, U>(step: &Step<D, U>, side: Side) -> super::StepEvent {
         Step::Insert(_, p) => ("insert", Some(payload_name(p))),
         Step::ReplaceLive(_, p) => ("replace_live", Some(payload_name(p))),
         Step::ReplaceTombstone(_, p) => ("replace_tombstone", Some(payload_name(p))),
+        Step::ReplaceCopy(_, p) => ("replace_copy", Some(payload_name(p))),
         Step::UpdateLive(_, _) => ("update_live", None),
         Step::Delete(_) => ("delete", None),
         Step::DeleteLive(_) => ("delete_live", None),
@@ -354,6 +370,7 @@ fn step_side<D, U>(step: &Step<D, U>) -> Side {
         | Step::Insert(s, _)
         | Step::ReplaceLive(s, _)
         | Step::ReplaceTombstone(s, _)
+        | Step::ReplaceCopy(s, _)
         | Step::UpdateLive(s, _)
         | Step::Delete(s)
         | Step::DeleteLive(s)

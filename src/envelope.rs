@@ -1,0 +1,349 @@
+//! reshard's envelope: the `_reshard` metadata every document written through reshard carries,
+//! and how each kind of write builds it. Pure; every reader and writer goes through here.
+//!
+//! - `src`: who wrote the document: `"app"` (the application, through a router) or `"copy"` (a
+//!   pristine copy of a source document, by the backfill or a copy-on-write);
+//! - `epoch`: the migration epoch the write was made in;
+//! - `rev`: the document's revision in the target: an application write or a tombstone takes the
+//!   previous revision + 1, a copy keeps its source's (0 when it has none);
+//! - `deleted: true` and `at` on a tombstone, the marker that an id was deleted while the
+//!   source may still hold a copy of it;
+//! - `mig`: set by a rollback's mirror on the source document it wrote: mirrors compare
+//!   revisions only among the documents this migration mirrored.
+
+use mongodb::bson::{doc, Bson, DateTime, Document};
+
+use crate::routing::{KeyValue, Located, RoutingVersion};
+
+/// The field every document written through reshard carries.
+pub const META: &str = "_reshard";
+
+/// Who wrote a document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// The application, through a router.
+    App,
+    /// A pristine copy of a source document.
+    Copy,
+}
+
+/// A document's revision: `_reshard.rev`; 0 for pristine copies of documents never written
+/// through reshard.
+pub fn revision(doc: &Document) -> i64 {
+    doc.get_document(META)
+        .ok()
+        .and_then(|m| match m.get("rev") {
+            Some(Bson::Int32(r)) => Some(i64::from(*r)),
+            Some(Bson::Int64(r)) => Some(*r),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Whether the document is a tombstone.
+pub fn is_tombstone(doc: &Document) -> bool {
+    doc.get_document(META)
+        .ok()
+        .and_then(|m| m.get_bool("deleted").ok())
+        .unwrap_or(false)
+}
+
+/// Who wrote the document, when reshard did.
+pub fn writer(doc: &Document) -> Option<Writer> {
+    match doc.get_document(META).ok()?.get_str("src").ok()? {
+        "app" => Some(Writer::App),
+        "copy" => Some(Writer::Copy),
+        _ => None,
+    }
+}
+
+/// A live pristine copy: written by a copier and by no one since.
+pub fn is_pristine_copy(doc: &Document) -> bool {
+    writer(doc) == Some(Writer::Copy) && !is_tombstone(doc)
+}
+
+/// `{_id: id}` restricted to a live document (not a tombstone).
+pub fn live(id: &Bson) -> Document {
+    doc! { "_id": id.clone(), format!("{META}.deleted"): { "$ne": true } }
+}
+
+/// `{_id: id}` restricted to a tombstone.
+pub fn tombstone_of(id: &Bson) -> Document {
+    doc! { "_id": id.clone(), format!("{META}.deleted"): true }
+}
+
+/// Every tombstone.
+pub fn tombstones() -> Document {
+    doc! { format!("{META}.deleted"): true }
+}
+
+/// Every document reshard wrote (it carries the envelope).
+pub fn written_by_reshard() -> Document {
+    doc! { META: { "$exists": true } }
+}
+
+/// `{_id: id}` restricted to a pristine copy.
+pub fn pristine_copy_of(id: &Bson) -> Document {
+    doc! {
+        "_id": id.clone(),
+        format!("{META}.src"): "copy",
+        format!("{META}.deleted"): { "$ne": true },
+    }
+}
+
+/// The document as the application sees it: without reshard's bookkeeping.
+pub fn strip(mut doc: Document) -> Document {
+    doc.remove(META);
+    doc
+}
+
+/// The copy of a source document that the backfill, a copy-on-write or a repair puts in the
+/// target: the source document with the target's routing field and `_reshard: {src: "copy",
+/// epoch, rev}`, `rev` being the source document's revision (0 when it has none), so that
+/// revisions only grow across the two sides. Inserted only if absent (or replacing only a
+/// pristine copy), so it never overwrites what the application wrote.
+pub fn copy(
+    mut doc: Document,
+    version: &RoutingVersion,
+    located: &Located,
+    epoch: i64,
+) -> Document {
+    if let Some(field) = version.routing_field() {
+        doc.insert(field, located.sub_bucket as i32);
+    }
+    let rev = revision(&doc);
+    doc.insert(META, doc! { "src": "copy", "epoch": epoch, "rev": rev });
+    doc
+}
+
+/// What the application wrote, as stored: its document with the version's routing field and
+/// `_reshard: {src: "app", epoch, rev}`.
+pub fn app_write(
+    mut doc: Document,
+    version: &RoutingVersion,
+    located: &Located,
+    epoch: i64,
+    rev: i64,
+) -> Document {
+    if let Some(field) = version.routing_field() {
+        doc.insert(field, located.sub_bucket as i32);
+    }
+    doc.insert(META, doc! { "src": "app", "epoch": epoch, "rev": rev });
+    doc
+}
+
+/// The marker that an id was deleted: `_id`, the tenant key, the routing field, and
+/// `_reshard: {deleted: true, at, epoch, rev}`.
+pub fn tombstone(
+    id: &Bson,
+    tenant: &Bson,
+    version: &RoutingVersion,
+    located: &Located,
+    epoch: i64,
+    rev: i64,
+) -> Document {
+    let mut doc = doc! { "_id": id.clone() };
+    doc.insert(version.tenant_key.clone(), tenant.clone());
+    if let Some(field) = version.routing_field() {
+        doc.insert(field, located.sub_bucket as i32);
+    }
+    doc.insert(
+        META,
+        doc! { "deleted": true, "at": DateTime::now(), "epoch": epoch, "rev": rev },
+    );
+    doc
+}
+
+/// An application's partial update, stamped: `_reshard.src = "app"`, the epoch, the routing
+/// field, and the revision bumped by the update itself (`$inc`).
+pub fn app_update(
+    mut update: Document,
+    version: &RoutingVersion,
+    located: &Located,
+    epoch: i64,
+) -> Document {
+    let mut set = update.get_document("$set").cloned().unwrap_or_default();
+    set.insert(format!("{META}.src"), "app");
+    set.insert(format!("{META}.epoch"), epoch);
+    let mut inc = update.get_document("$inc").cloned().unwrap_or_default();
+    inc.insert(format!("{META}.rev"), 1_i64);
+    update.insert("$inc", inc);
+    if let Some(field) = version.routing_field() {
+        set.insert(field, located.sub_bucket as i32);
+    }
+    update.insert("$set", set);
+    update
+}
+
+/// The stamp of a document that stays where it is: its routing field under the target
+/// version.
+pub fn stamp(field: &str, sub_bucket: i32) -> Document {
+    doc! { "$set": { field: sub_bucket } }
+}
+
+/// What a mirror writes to the source for a target `image` of migration `migration`: the
+/// filter of a conditional replace (upsert) and the replacement.
+///
+/// Revisions are counted by the target, so they are compared only between documents this
+/// migration mirrored (`_reshard.mig`): the newer one wins. A source document this migration
+/// never mirrored was last written before its write switch, so any target version is newer.
+/// (Comparing raw revisions would let a source document's own revision, counted on the
+/// source before the switch, hide a newer target write that started its count afresh.)
+pub fn mirror(
+    mut image: Document,
+    migration: i64,
+    source: &RoutingVersion,
+    target: &RoutingVersion,
+    source_sub_bucket: u32,
+) -> (Document, Document) {
+    let rev = revision(&image);
+    let id = image.get("_id").cloned().unwrap_or(Bson::Null);
+    // The image takes the source layout's routing field, not the target's.
+    if let Some(field) = target.routing_field() {
+        image.remove(field);
+    }
+    if let Some(field) = source.routing_field() {
+        image.insert(field, source_sub_bucket as i32);
+    }
+    let mut meta = image.get_document(META).cloned().unwrap_or_default();
+    meta.insert("mig", migration);
+    image.insert(META, meta);
+    let filter = doc! {
+        "_id": id,
+        "$or": [
+            { format!("{META}.mig"): { "$ne": migration } },
+            { format!("{META}.rev"): { "$lt": rev } },
+        ],
+    };
+    (filter, image)
+}
+
+/// Whether `path` (a field or a dotted path) is one no application write may set: the id, the
+/// tenant key, either version's routing field, or the envelope.
+pub fn immutable(path: &str, tenant_key: &str, routing_fields: &[&str]) -> bool {
+    ["_id", META, tenant_key]
+        .iter()
+        .chain(routing_fields.iter())
+        .any(|f| path == *f || path.starts_with(&format!("{f}.")))
+}
+
+/// The routing keys of a stored document under `version`.
+pub fn keys(version: &RoutingVersion, doc: &Document) -> Result<(KeyValue, KeyValue), String> {
+    version.document_keys(doc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::{Layout, PlacementRange};
+
+    fn version(field: Option<&str>) -> RoutingVersion {
+        RoutingVersion::new(
+            "orders",
+            "customerId",
+            Layout::Hashed {
+                virtual_buckets: 8,
+                default_buckets: 1,
+                tenant_buckets: vec![],
+                placement: vec![PlacementRange {
+                    start: 0,
+                    end: 8,
+                    shard: "s1".into(),
+                }],
+                routing_field: field.map(String::from),
+            },
+        )
+    }
+
+    fn located() -> Located {
+        Located {
+            sub_bucket: 3,
+            vbucket: Some(1),
+            locations: vec![],
+        }
+    }
+
+    #[test]
+    fn a_copy_keeps_the_source_revision_and_takes_the_routing_field() {
+        let source = doc! { "_id": 1, "customerId": "c", "_reshard": { "src": "app", "rev": 4 } };
+        let c = copy(source, &version(Some("bucket")), &located(), 9);
+        assert_eq!(c.get_i32("bucket").unwrap(), 3);
+        assert_eq!(
+            c.get_document(META).unwrap(),
+            &doc! { "src": "copy", "epoch": 9_i64, "rev": 4_i64 }
+        );
+        assert!(is_pristine_copy(&c));
+        assert_eq!(writer(&c), Some(Writer::Copy));
+    }
+
+    #[test]
+    fn tombstones_are_recognised_and_never_pristine() {
+        let t = tombstone(
+            &Bson::Int32(1),
+            &Bson::String("c".into()),
+            &version(None),
+            &located(),
+            2,
+            5,
+        );
+        assert!(is_tombstone(&t));
+        assert!(!is_pristine_copy(&t));
+        assert_eq!(revision(&t), 5);
+        assert_eq!(t.get_str("customerId").unwrap(), "c");
+        assert!(!is_tombstone(&doc! { "_id": 1 }));
+        assert_eq!(revision(&doc! { "_id": 1 }), 0);
+    }
+
+    #[test]
+    fn a_mirror_swaps_routing_fields_and_compares_only_its_own_revisions() {
+        let image = doc! { "_id": 7, "bucket": 3, "_reshard": { "src": "app", "rev": 2 } };
+        let (filter, written) = mirror(
+            image,
+            11,
+            &version(Some("slot")),
+            &version(Some("bucket")),
+            0,
+        );
+        assert_eq!(written.get("bucket"), None);
+        assert_eq!(written.get_i32("slot").unwrap(), 0);
+        assert_eq!(
+            written.get_document(META).unwrap().get_i64("mig").unwrap(),
+            11
+        );
+        assert_eq!(
+            filter,
+            doc! { "_id": 7, "$or": [
+                { "_reshard.mig": { "$ne": 11_i64 } },
+                { "_reshard.rev": { "$lt": 2_i64 } },
+            ] }
+        );
+    }
+
+    #[test]
+    fn the_ids_keys_routing_fields_and_envelope_are_immutable() {
+        let fields = ["bucket"];
+        for path in ["_id", "customerId", "bucket", "bucket.x", "_reshard.rev"] {
+            assert!(immutable(path, "customerId", &fields), "{path}");
+        }
+        for path in ["total", "customerIdx", "buckets"] {
+            assert!(!immutable(path, "customerId", &fields), "{path}");
+        }
+    }
+
+    #[test]
+    fn an_update_bumps_the_revision_and_stamps_the_writer() {
+        let u = app_update(
+            doc! { "$inc": { "total": 1 } },
+            &version(Some("bucket")),
+            &located(),
+            4,
+        );
+        assert_eq!(
+            u,
+            doc! {
+                "$inc": { "total": 1, "_reshard.rev": 1_i64 },
+                "$set": { "_reshard.src": "app", "_reshard.epoch": 4_i64, "bucket": 3 },
+            }
+        );
+    }
+}
