@@ -8,7 +8,7 @@
 use mongodb::bson::{Bson, Document};
 
 use crate::envelope;
-use crate::protocol::Side;
+use crate::phase::Side;
 use crate::routing::{Location, RoutingVersion};
 
 /// What a scanned document is.

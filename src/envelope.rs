@@ -13,7 +13,7 @@
 
 use mongodb::bson::{doc, Bson, DateTime, Document};
 
-use crate::routing::{KeyValue, Located, RoutingVersion};
+use crate::routing::RoutingVersion;
 
 /// The field every document written through reshard carries.
 pub const META: &str = "_reshard";
@@ -102,14 +102,9 @@ pub fn strip(mut doc: Document) -> Document {
 /// epoch, rev}`, `rev` being the source document's revision (0 when it has none), so that
 /// revisions only grow across the two sides. Inserted only if absent (or replacing only a
 /// pristine copy), so it never overwrites what the application wrote.
-pub fn copy(
-    mut doc: Document,
-    version: &RoutingVersion,
-    located: &Located,
-    epoch: i64,
-) -> Document {
+pub fn copy(mut doc: Document, version: &RoutingVersion, sub_bucket: u32, epoch: i64) -> Document {
     if let Some(field) = version.routing_field() {
-        doc.insert(field, located.sub_bucket as i32);
+        doc.insert(field, sub_bucket as i32);
     }
     let rev = revision(&doc);
     doc.insert(META, doc! { "src": "copy", "epoch": epoch, "rev": rev });
@@ -121,12 +116,12 @@ pub fn copy(
 pub fn app_write(
     mut doc: Document,
     version: &RoutingVersion,
-    located: &Located,
+    sub_bucket: u32,
     epoch: i64,
     rev: i64,
 ) -> Document {
     if let Some(field) = version.routing_field() {
-        doc.insert(field, located.sub_bucket as i32);
+        doc.insert(field, sub_bucket as i32);
     }
     doc.insert(META, doc! { "src": "app", "epoch": epoch, "rev": rev });
     doc
@@ -138,14 +133,14 @@ pub fn tombstone(
     id: &Bson,
     tenant: &Bson,
     version: &RoutingVersion,
-    located: &Located,
+    sub_bucket: u32,
     epoch: i64,
     rev: i64,
 ) -> Document {
     let mut doc = doc! { "_id": id.clone() };
     doc.insert(version.tenant_key.clone(), tenant.clone());
     if let Some(field) = version.routing_field() {
-        doc.insert(field, located.sub_bucket as i32);
+        doc.insert(field, sub_bucket as i32);
     }
     doc.insert(
         META,
@@ -159,7 +154,7 @@ pub fn tombstone(
 pub fn app_update(
     mut update: Document,
     version: &RoutingVersion,
-    located: &Located,
+    sub_bucket: u32,
     epoch: i64,
 ) -> Document {
     let mut set = update.get_document("$set").cloned().unwrap_or_default();
@@ -169,7 +164,7 @@ pub fn app_update(
     inc.insert(format!("{META}.rev"), 1_i64);
     update.insert("$inc", inc);
     if let Some(field) = version.routing_field() {
-        set.insert(field, located.sub_bucket as i32);
+        set.insert(field, sub_bucket as i32);
     }
     update.insert("$set", set);
     update
@@ -227,11 +222,6 @@ pub fn immutable(path: &str, tenant_key: &str, routing_fields: &[&str]) -> bool 
         .any(|f| path == *f || path.starts_with(&format!("{f}.")))
 }
 
-/// The routing keys of a stored document under `version`.
-pub fn keys(version: &RoutingVersion, doc: &Document) -> Result<(KeyValue, KeyValue), String> {
-    version.document_keys(doc)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,18 +245,10 @@ mod tests {
         )
     }
 
-    fn located() -> Located {
-        Located {
-            sub_bucket: 3,
-            vbucket: Some(1),
-            locations: vec![],
-        }
-    }
-
     #[test]
     fn a_copy_keeps_the_source_revision_and_takes_the_routing_field() {
         let source = doc! { "_id": 1, "customerId": "c", "_reshard": { "src": "app", "rev": 4 } };
-        let c = copy(source, &version(Some("bucket")), &located(), 9);
+        let c = copy(source, &version(Some("bucket")), 3, 9);
         assert_eq!(c.get_i32("bucket").unwrap(), 3);
         assert_eq!(
             c.get_document(META).unwrap(),
@@ -282,7 +264,7 @@ mod tests {
             &Bson::Int32(1),
             &Bson::String("c".into()),
             &version(None),
-            &located(),
+            3,
             2,
             5,
         );
@@ -335,7 +317,7 @@ mod tests {
         let u = app_update(
             doc! { "$inc": { "total": 1 } },
             &version(Some("bucket")),
-            &located(),
+            3,
             4,
         );
         assert_eq!(

@@ -8,33 +8,29 @@
 //!   drop collections only the target uses, delete from shared collections what only the
 //!   target version places there — and purge the source's tombstones (mirrored deletes).
 
+//!
+//! Both purges apply [`crate::protocol::purge_tombstone_step`] to every tombstone of a side at
+//! once; the removal from shared collections keeps exactly what [`disposition::of`] calls the
+//! source's (everything but the documents of the other layout).
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::TryStreamExt;
-use mongodb::bson::{doc, Document};
-use mongodb::Database;
+use mongodb::bson::doc;
 use serde_json::json;
 
-use crate::router::META;
+use crate::disposition::{self, Disposition};
+use crate::envelope::{self, tombstones, META};
+use crate::protocol::Side;
 use crate::routing::{Location, RoutingVersion};
+use crate::shards::read::ReadError;
+use crate::shards::Shards;
 
-#[derive(Debug, thiserror::Error)]
-#[error("{location}: {source}")]
-pub struct FinishError {
-    pub location: Location,
-    #[source]
-    pub source: mongodb::error::Error,
-}
+/// A read or a write of the last steps failed, and where.
+pub type FinishError = ReadError;
 
 fn at(location: &Location) -> impl Fn(mongodb::error::Error) -> FinishError + '_ {
-    move |source| FinishError {
-        location: location.clone(),
-        source,
-    }
-}
-
-fn tombstones() -> Document {
-    doc! { format!("{META}.deleted"): true }
+    ReadError::at(location)
 }
 
 /// After `completed`: purges target tombstones; drops emptied source collections when
@@ -42,17 +38,14 @@ fn tombstones() -> Document {
 pub async fn purge_completed(
     from: &RoutingVersion,
     to: &RoutingVersion,
-    shards: &BTreeMap<String, Database>,
+    shards: &Shards,
     drop_empty_source: bool,
 ) -> Result<serde_json::Value, FinishError> {
     let targets: BTreeSet<Location> = to.locations().into_iter().collect();
     let mut purged = BTreeMap::new();
     for t in &targets {
-        let Some(db) = shards.get(&t.shard) else {
-            continue;
-        };
-        let r = db
-            .collection::<Document>(&t.collection)
+        let r = shards
+            .collection(t)?
             .delete_many(tombstones())
             .await
             .map_err(at(t))?;
@@ -65,10 +58,7 @@ pub async fn purge_completed(
         .into_iter()
         .filter(|s| !targets.contains(s))
     {
-        let Some(db) = shards.get(&s.shard) else {
-            continue;
-        };
-        let coll = db.collection::<Document>(&s.collection);
+        let coll = shards.collection(&s)?;
         let left = coll.count_documents(doc! {}).await.map_err(at(&s))?;
         if left == 0 && drop_empty_source {
             coll.drop().await.map_err(at(&s))?;
@@ -84,35 +74,30 @@ pub async fn purge_completed(
 pub async fn remove_target_layout(
     from: &RoutingVersion,
     to: &RoutingVersion,
-    shards: &BTreeMap<String, Database>,
+    shards: &Shards,
 ) -> Result<serde_json::Value, FinishError> {
     let sources: BTreeSet<Location> = from.locations().into_iter().collect();
     let mut dropped = Vec::new();
     let mut removed = BTreeMap::new();
     for t in to.locations() {
-        let Some(db) = shards.get(&t.shard) else {
-            continue;
-        };
-        let coll = db.collection::<Document>(&t.collection);
+        let coll = shards.collection(&t)?;
         if !sources.contains(&t) {
             coll.drop().await.map_err(at(&t))?;
             dropped.push(t.to_string());
             continue;
         }
-        // A shared collection: remove what reshard wrote there for the target only.
+        // A shared collection: remove what reshard wrote there for the target only, the
+        // documents that are foreign to the source layout here.
         let mut cursor = coll
-            .find(doc! { META: { "$exists": true } })
-            .projection(doc! { "_id": 1, &from.tenant_key: 1, &from.id_field: 1 })
+            .find(envelope::written_by_reshard())
+            .projection(doc! {
+                "_id": 1, &from.tenant_key: 1, &from.id_field: 1, format!("{META}.deleted"): 1,
+            })
             .await
             .map_err(at(&t))?;
         let mut foreign = Vec::new();
         while let Some(d) = cursor.try_next().await.map_err(at(&t))? {
-            let placed_here = from
-                .document_keys(&d)
-                .ok()
-                .and_then(|(tenant, id)| from.locate(&tenant, &id).ok())
-                .is_some_and(|l| l.locations.contains(&t));
-            if !placed_here {
+            if disposition::of(Side::Source, from, to, &t, &d) == Disposition::Foreign {
                 foreign.extend(d.get("_id").cloned());
             }
         }
@@ -128,11 +113,8 @@ pub async fn remove_target_layout(
     }
     let mut purged = BTreeMap::new();
     for s in &sources {
-        let Some(db) = shards.get(&s.shard) else {
-            continue;
-        };
-        let r = db
-            .collection::<Document>(&s.collection)
+        let r = shards
+            .collection(s)?
             .delete_many(tombstones())
             .await
             .map_err(at(s))?;

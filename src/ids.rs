@@ -202,6 +202,30 @@ pub fn decode(bytes: &[u8]) -> Result<Bson, String> {
         .ok_or_else(|| "stored _id unreadable: no value".to_owned())
 }
 
+/// A key equal for two ids exactly when MongoDB takes them for the same `_id`: numbers by
+/// value whatever their width (`7`, `7_i64` and `7.0` are one key), everything else by its
+/// exact encoding. For matching what a lookup by id returned with what was asked for.
+pub fn key(id: &Bson) -> Vec<u8> {
+    let whole = |v: i64| {
+        let mut k = b"n".to_vec();
+        k.extend_from_slice(&v.to_be_bytes());
+        k
+    };
+    match id {
+        Bson::Int32(v) => whole(i64::from(*v)),
+        Bson::Int64(v) => whole(*v),
+        Bson::Double(v) => match crate::routing::KeyValue::from_bson(id) {
+            Ok(crate::routing::KeyValue::Int(i)) => whole(i),
+            _ => {
+                let mut k = b"d".to_vec();
+                k.extend_from_slice(&v.to_bits().to_be_bytes());
+                k
+            }
+        },
+        other => encode(other),
+    }
+}
+
 /// An `_id` as an operator types it and sees it: strings bare, numbers as digits, others in
 /// relaxed extended JSON (`{"$oid": "..."}`).
 pub fn text(id: &Bson) -> String {
@@ -359,6 +383,18 @@ mod tests {
         assert_eq!(
             compare(&Bson::String("Z".into()), &Bson::String("a".into())),
             Ordering::Less
+        );
+    }
+
+    #[test]
+    fn keys_are_equal_exactly_for_what_mongodb_takes_for_one_id() {
+        assert_eq!(key(&Bson::Int32(7)), key(&Bson::Int64(7)));
+        assert_eq!(key(&Bson::Int32(7)), key(&Bson::Double(7.0)));
+        assert_ne!(key(&Bson::Int32(7)), key(&Bson::Double(7.5)));
+        assert_ne!(key(&Bson::Int32(7)), key(&Bson::String("7".into())));
+        assert_eq!(
+            key(&Bson::String("a".into())),
+            encode(&Bson::String("a".into()))
         );
     }
 

@@ -31,6 +31,14 @@ pub enum Phase {
     RolledBack,
 }
 
+/// Which layout something addresses: the document's location in the source or in the target
+/// routing version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Side {
+    Source,
+    Target,
+}
+
 /// Where a router reads in a phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -315,6 +323,34 @@ fn rollback_moves(from: Phase) -> Vec<Phase> {
         .collect()
 }
 
+/// Why a rollback cannot start from a phase.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RollbackRefused {
+    #[error("it is in {0}: cleanup has deleted moved documents from the source, so a rollback would lose them")]
+    CleanupStarted(Phase),
+    #[error("it is already rolling back ({0}); continue with `advance --to {next}`", next = .0.next().first().map_or("-", |p| p.as_str()))]
+    AlreadyRollingBack(Phase),
+}
+
+/// The moves a rollback makes from `phase`, in order: before any target write it only goes
+/// back (to `planned`, or ends in `rolled_back` from `planned`); from `new_writes` to
+/// `new_reads` it enters `reverting`, where the application's target writes are copied back
+/// before `revert_switch` ends it. Exhaustive: a new phase does not compile until decided.
+pub fn rollback_path(phase: Phase) -> Result<&'static [Phase], RollbackRefused> {
+    match phase {
+        Phase::Planned => Ok(&[Phase::RolledBack]),
+        Phase::DualRead => Ok(&[Phase::Planned]),
+        Phase::WriteSwitch => Ok(&[Phase::DualRead, Phase::Planned]),
+        Phase::NewWrites | Phase::Backfill | Phase::Reconcile | Phase::NewReads => {
+            Ok(&[Phase::Reverting])
+        }
+        Phase::Cleanup | Phase::Completed => Err(RollbackRefused::CleanupStarted(phase)),
+        Phase::Reverting | Phase::RevertSwitch | Phase::RolledBack => {
+            Err(RollbackRefused::AlreadyRollingBack(phase))
+        }
+    }
+}
+
 /// Decides whether `action` may happen in `state`, and what the state becomes. Every persisted
 /// change bumps the epoch by one, whatever it is.
 pub fn plan(state: &MigrationState, action: &Action) -> Result<Change, MoveError> {
@@ -577,6 +613,32 @@ mod tests {
                 (read, write),
                 "{phase}"
             );
+        }
+    }
+
+    #[test]
+    fn every_rollback_path_is_made_of_allowed_moves() {
+        for phase in Phase::ALL {
+            match rollback_path(phase) {
+                Ok(path) => {
+                    let mut at = phase;
+                    for to in path {
+                        assert!(at.next().contains(to), "{at} -> {to}");
+                        assert!(
+                            at.is_rollback_move(*to),
+                            "{at} -> {to} is not a rollback move"
+                        );
+                        at = *to;
+                    }
+                }
+                Err(RollbackRefused::CleanupStarted(p)) => {
+                    assert!(matches!(p, Phase::Cleanup | Phase::Completed))
+                }
+                Err(RollbackRefused::AlreadyRollingBack(p)) => assert!(matches!(
+                    p,
+                    Phase::Reverting | Phase::RevertSwitch | Phase::RolledBack
+                )),
+            }
         }
     }
 

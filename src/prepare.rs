@@ -2,15 +2,17 @@
 //! collections with the source's indexes, and the tenant key index that tenant-scoped backfill
 //! scans read through. Idempotent: what exists is left alone.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Document};
 use mongodb::Database;
+
+use crate::shards::Shards;
 use serde::Serialize;
 
-use crate::backfill::plan::location_scope;
 use crate::routing::{Location, MoveScope, RoutingVersion};
+use crate::scope::location_scope;
 
 /// One thing prepared (or, in a dry run, to be prepared).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -34,7 +36,7 @@ pub struct PrepareError {
 pub async fn prepare(
     from: &RoutingVersion,
     to: &RoutingVersion,
-    shards: &BTreeMap<String, Database>,
+    shards: &Shards,
     dry_run: bool,
 ) -> Result<Vec<Prepared>, PrepareError> {
     let mut done = Vec::new();
@@ -47,7 +49,7 @@ pub async fn prepare(
     // The indexes to carry over, from the first source location that has the collection.
     let mut template: Vec<Document> = Vec::new();
     for source in &sources {
-        let Some(db) = shards.get(&source.shard) else {
+        let Ok(db) = shards.database(&source.shard) else {
             continue;
         };
         if !collection_exists(db, &source.collection)
@@ -110,7 +112,7 @@ pub async fn prepare(
         if source_set.contains(&target) {
             continue;
         }
-        let Some(db) = shards.get(&target.shard) else {
+        let Ok(db) = shards.database(&target.shard) else {
             continue;
         };
         if !collection_exists(db, &target.collection)
@@ -157,7 +159,7 @@ pub async fn prepare(
         if !matches!(location_scope(from, to, source), MoveScope::Tenants(_)) {
             continue;
         }
-        let Some(db) = shards.get(&source.shard) else {
+        let Ok(db) = shards.database(&source.shard) else {
             continue;
         };
         if !collection_exists(db, &source.collection)

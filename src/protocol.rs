@@ -30,13 +30,7 @@
 use crate::disposition::Disposition;
 use crate::phase::{Phase, ReadPath, WritePath};
 
-/// Which layout a step addresses: the document's location in the source or in the target
-/// routing version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Side {
-    Source,
-    Target,
-}
+pub use crate::phase::Side;
 
 /// A document a step writes. The executor materialises it: the product stamps `_reshard`
 /// fields (source of the write, epoch, routing field); the model keeps plain values.

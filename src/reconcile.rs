@@ -22,16 +22,21 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::Database;
 use serde::Serialize;
 use serde_json::json;
 
 use crate::backfill::plan;
+use crate::disposition::{self, Disposition};
+use crate::envelope::{self, is_tombstone, Writer};
 use crate::ids;
-use crate::router::{copy_document, is_tombstone};
-use crate::routing::{KeyValue, Location, MoveScope, RoutingVersion};
+use crate::protocol::{self, Answer, Payload, Side, Step};
+use crate::routing::{KeyValue, Location, RoutingVersion};
+use crate::scope::{location_scope, scope_filter};
 use crate::settings::MigrationSettings;
-use crate::store::reconcile::NewFinding;
+pub use crate::shards::read::ReadError;
+use crate::shards::Shards;
+use crate::store::partitions::{Claim, Partition};
+use crate::store::reconcile::{FindingKind, NewFinding};
 use crate::throttle::AdaptiveRate;
 
 /// How samples are grouped.
@@ -91,7 +96,7 @@ impl Default for ReconcileOptions {
 pub struct Scene {
     pub from: RoutingVersion,
     pub to: RoutingVersion,
-    pub shards: BTreeMap<String, Database>,
+    pub shards: Shards,
     /// `_id`s (as text) of dead letters an operator skipped: known to be absent.
     pub skipped: HashSet<String>,
 }
@@ -112,24 +117,13 @@ pub enum Outcome {
     Ignored,
     /// Something is wrong.
     Finding {
-        kind: &'static str,
+        kind: FindingKind,
         details: serde_json::Value,
     },
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("reading {location} failed: {source}")]
-pub struct ReadError {
-    pub location: Location,
-    #[source]
-    pub source: mongodb::error::Error,
-}
-
 fn read_err(location: &Location) -> impl Fn(mongodb::error::Error) -> ReadError + '_ {
-    move |source| ReadError {
-        location: location.clone(),
-        source,
-    }
+    ReadError::at(location)
 }
 
 /// The fields two versions of a document may differ in without being different documents.
@@ -140,7 +134,7 @@ pub fn content_differences(
     to: &RoutingVersion,
 ) -> Vec<String> {
     let ignore: BTreeSet<&str> = [
-        Some(crate::router::exec_meta()),
+        Some(envelope::META),
         from.routing_field(),
         to.routing_field(),
     ]
@@ -163,8 +157,12 @@ fn keys_of(version: &RoutingVersion, doc: &Document) -> Option<(KeyValue, KeyVal
     version.document_keys(doc).ok()
 }
 
-/// Checks source documents read at `location` against the target. One `$in` query per target
-/// location, and one more per other target location for the ids not found where they belong.
+/// Checks source documents read at `location` against the target, by their disposition
+/// ([`disposition::of`]): a tombstone or a document of the other layout is ignored, as is a
+/// skipped dead letter; a document that cannot be routed is a finding; one that stays must
+/// carry its routing field; one that moves must be at its target, as a copy equal to it, the
+/// application's write, or a tombstone. One `$in` query per target location, and one more
+/// per other target location for the ids not found where they belong.
 pub async fn check_batch(
     scene: &Scene,
     location: &Location,
@@ -174,49 +172,34 @@ pub async fn check_batch(
     let mut moved: BTreeMap<Location, Vec<usize>> = BTreeMap::new();
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        if is_tombstone(doc) || scene.skipped.contains(&ids::text(&id)) {
+        if scene.skipped.contains(&ids::text(&id)) {
             out.push((id, Outcome::Ignored));
             continue;
         }
-        let located = keys_of(&scene.from, doc).and_then(|(tenant, key)| {
-            Some((
-                scene.from.locate(&tenant, &key).ok()?,
-                scene.to.locate(&tenant, &key).ok()?,
-            ))
-        });
-        let Some((source, target)) = located else {
-            out.push((
-                id,
-                Outcome::Finding {
-                    kind: "missing",
-                    details: json!({ "reason": "the source document cannot be routed" }),
-                },
-            ));
-            continue;
+        let outcome = match disposition::of(Side::Source, &scene.from, &scene.to, location, doc) {
+            Disposition::Tombstone { .. } | Disposition::Foreign | Disposition::Placed { .. } => {
+                Outcome::Ignored
+            }
+            Disposition::Unroutable { reason } => Outcome::Finding {
+                kind: FindingKind::Unroutable,
+                details: json!({ "location": location.to_string(), "reason": reason }),
+            },
+            Disposition::Stays {
+                stamp: Some((field, _)),
+            } => Outcome::Finding {
+                kind: FindingKind::Mismatched,
+                details: json!({
+                    "location": location.to_string(),
+                    "reason": format!("the routing field {field:?} is not stamped"),
+                }),
+            },
+            Disposition::Stays { stamp: None } => Outcome::Stayed,
+            Disposition::Moves { target, .. } => {
+                moved.entry(target).or_default().push(out.len());
+                Outcome::Ignored
+            }
         };
-        if !source.locations.contains(location) {
-            out.push((id, Outcome::Ignored));
-            continue;
-        }
-        let goal = target.locations[0].clone();
-        if &goal == location {
-            let outcome = match scene.to.routing_field() {
-                Some(field) if doc.get(field) != Some(&Bson::Int32(target.sub_bucket as i32)) => {
-                    Outcome::Finding {
-                        kind: "mismatched",
-                        details: json!({
-                            "location": location.to_string(),
-                            "reason": format!("the routing field {field:?} is not stamped"),
-                        }),
-                    }
-                }
-                _ => Outcome::Stayed,
-            };
-            out.push((id, outcome));
-            continue;
-        }
-        moved.entry(goal).or_default().push(out.len());
-        out.push((id, Outcome::Ignored));
+        out.push((id, outcome));
     }
     let all_targets = scene.to.locations();
     for (goal, indexes) in moved {
@@ -226,25 +209,21 @@ pub async fn check_batch(
         for &i in &indexes {
             let source = &docs[i];
             let id = &out[i].0;
-            let outcome = match found.get(&ids::encode(id)) {
+            let outcome = match found.get(&ids::key(id)) {
                 None => {
                     absent.push(i);
                     continue;
                 }
                 Some(t) if is_tombstone(t) => Outcome::Deleted,
-                Some(t) => match t
-                    .get_document(crate::router::exec_meta())
-                    .ok()
-                    .and_then(|m| m.get_str("src").ok())
-                {
-                    Some("app") => Outcome::Superseded,
+                Some(t) => match envelope::writer(t) {
+                    Some(Writer::App) => Outcome::Superseded,
                     _ => {
                         let diff = content_differences(source, t, &scene.from, &scene.to);
                         if diff.is_empty() {
                             Outcome::Copied
                         } else {
                             Outcome::Finding {
-                                kind: "mismatched",
+                                kind: FindingKind::Mismatched,
                                 details: json!({ "location": goal.to_string(), "fields": diff }),
                             }
                         }
@@ -270,11 +249,11 @@ pub async fn check_batch(
             }
             out[i].1 = match elsewhere {
                 Some(at) => Outcome::Finding {
-                    kind: "misplaced",
+                    kind: FindingKind::Misplaced,
                     details: json!({ "expected": goal.to_string(), "found": at.to_string() }),
                 },
                 None => Outcome::Finding {
-                    kind: "missing",
+                    kind: FindingKind::Missing,
                     details: json!({ "expected": goal.to_string(), "source": location.to_string() }),
                 },
             };
@@ -287,22 +266,8 @@ async fn find_by_ids(
     scene: &Scene,
     at: &Location,
     wanted: &[Bson],
-) -> Result<BTreeMap<Vec<u8>, Document>, ReadError> {
-    let Some(db) = scene.shards.get(&at.shard) else {
-        return Ok(BTreeMap::new());
-    };
-    let found: Vec<Document> = db
-        .collection::<Document>(&at.collection)
-        .find(doc! { "_id": { "$in": wanted.to_vec() } })
-        .await
-        .map_err(read_err(at))?
-        .try_collect()
-        .await
-        .map_err(read_err(at))?;
-    Ok(found
-        .into_iter()
-        .filter_map(|d| d.get("_id").map(|id| (ids::encode(id), d.clone())))
-        .collect())
+) -> Result<std::collections::HashMap<Vec<u8>, Document>, ReadError> {
+    scene.shards.find_by_ids(at, wanted, None).await
 }
 
 /// Per-stratum tally.
@@ -337,10 +302,7 @@ async fn sample_location(
     filter: &Document,
     options: &ReconcileOptions,
 ) -> Result<Vec<(String, Vec<Document>)>, ReadError> {
-    let Some(db) = scene.shards.get(&location.shard) else {
-        return Ok(Vec::new());
-    };
-    let coll = db.collection::<Document>(&location.collection);
+    let coll = scene.shards.collection(location)?;
     let sample = |filter: Document, size: usize| {
         let coll = coll.clone();
         async move {
@@ -358,10 +320,7 @@ async fn sample_location(
     // source documents: do not spend samples on them.
     let mut filter = filter.clone();
     if scene.to.locations().contains(location) {
-        filter.insert(
-            format!("{}.src", crate::router::META),
-            doc! { "$ne": "copy" },
-        );
+        filter.insert(format!("{}.src", envelope::META), doc! { "$ne": "copy" });
     }
     let filter = &filter;
     match options.stratify {
@@ -428,9 +387,9 @@ async fn sample_location(
     }
 }
 
-fn finding(kind: &str, id: &Bson, stratum: &str, details: serde_json::Value) -> NewFinding {
+fn finding(kind: FindingKind, id: &Bson, stratum: &str, details: serde_json::Value) -> NewFinding {
     NewFinding {
-        kind: kind.to_owned(),
+        kind,
         doc_id: Some(ids::encode(id)),
         doc_id_text: Some(ids::text(id)),
         stratum: Some(stratum.to_owned()),
@@ -451,7 +410,7 @@ pub fn tally(
             Outcome::Deleted => "deleted",
             Outcome::Stayed => "stayed",
             Outcome::Ignored => "ignored",
-            Outcome::Finding { kind, .. } => kind,
+            Outcome::Finding { kind, .. } => kind.as_str(),
         };
         *result.counts.entry(name.to_owned()).or_default() += 1;
         if matches!(outcome, Outcome::Ignored) {
@@ -471,7 +430,7 @@ pub fn tally(
 /// Runs the checks (without storing anything).
 pub async fn run(
     scene: &Scene,
-    partitions: &[crate::store::partitions::Partition],
+    partitions: &[Partition],
     settings: &MigrationSettings,
     options: &ReconcileOptions,
 ) -> Result<RunResult, ReadError> {
@@ -481,7 +440,7 @@ pub async fn run(
 
     // Completeness: fresh counts against the ledger.
     for p in partitions {
-        let location = Location::new(p.source_shard.clone(), p.source_collection.clone());
+        let location = p.location();
         if targets.contains(&location) {
             result.counts_checked.push(json!({
                 "partition": p.id, "location": location.to_string(),
@@ -489,12 +448,14 @@ pub async fn run(
             }));
             continue;
         }
-        let Some(db) = scene.shards.get(&location.shard) else {
-            continue;
-        };
-        let filter = partition_filter(&scene.from, p, false);
-        let count = db
-            .collection::<Document>(&location.collection)
+        let filter =
+            plan::partition_filter(&scene.from, p, false).map_err(|e| ReadError::Mongo {
+                location: location.clone(),
+                source: mongodb::error::Error::custom(e),
+            })?;
+        let count = scene
+            .shards
+            .collection(&location)?
             .count_documents(filter)
             .await
             .map_err(read_err(&location))? as i64;
@@ -504,7 +465,7 @@ pub async fn run(
         }));
         if count != ledger {
             result.findings.push(NewFinding {
-                kind: "count".into(),
+                kind: FindingKind::Count,
                 doc_id: None,
                 doc_id_text: None,
                 stratum: Some(format!("partition:{}", p.id)),
@@ -524,8 +485,8 @@ pub async fn run(
     };
     let mut rate = AdaptiveRate::new(settings.throttle_share(1), Instant::now());
     for location in locations {
-        let scope = plan::location_scope(&scene.from, &scene.to, &location);
-        let Some(filter) = plan::scope_filter(&scene.from.tenant_key, &scope) else {
+        let scope = location_scope(&scene.from, &scene.to, &location);
+        let Some(filter) = scope_filter(&scene.from.tenant_key, &scope) else {
             continue;
         };
         if options.full {
@@ -534,32 +495,20 @@ pub async fn run(
                 name: name.clone(),
                 ..Stratum::default()
             });
-            let Some(db) = scene.shards.get(&location.shard) else {
-                continue;
-            };
-            let mut cursor = db
-                .collection::<Document>(&location.collection)
-                .find(filter)
-                .sort(doc! { "_id": 1 })
-                .await
-                .map_err(read_err(&location))?;
-            let mut batch = Vec::new();
+            let batch_size = settings.batch_size;
+            let mut scan = scene
+                .shards
+                .scan(&location, filter, std::sync::Arc::new(move || batch_size))
+                .await?;
             loop {
-                let next = cursor.try_next().await.map_err(read_err(&location))?;
-                let end = next.is_none();
-                if let Some(d) = next {
-                    batch.push(d);
-                }
-                if batch.len() >= settings.batch_size || (end && !batch.is_empty()) {
-                    let wait = rate.permit(batch.len() as u64, Instant::now());
-                    tokio::time::sleep(wait).await;
-                    let checked = check_batch(scene, &location, &batch).await?;
-                    tally(&mut result, &mut stratum, checked, &location);
-                    batch.clear();
-                }
-                if end {
+                let batch = scan.next_batch().await?;
+                if batch.is_empty() {
                     break;
                 }
+                let wait = rate.permit(batch.len() as u64, Instant::now());
+                tokio::time::sleep(wait).await;
+                let checked = check_batch(scene, &location, &batch).await?;
+                tally(&mut result, &mut stratum, checked, &location);
             }
             strata.insert(name, stratum);
         } else {
@@ -577,18 +526,15 @@ pub async fn run(
 
     // Placement: sampled target documents written by reshard sit where the target puts them.
     for target in &targets {
-        let Some(db) = scene.shards.get(&target.shard) else {
-            continue;
-        };
+        let coll = scene.shards.collection(target)?;
         let name = format!("placement:{target}");
         let mut stratum = Stratum {
             name: name.clone(),
             ..Stratum::default()
         };
-        let docs: Vec<Document> = db
-            .collection::<Document>(&target.collection)
+        let docs: Vec<Document> = coll
             .aggregate(vec![
-                doc! { "$match": { crate::router::exec_meta(): { "$exists": true } } },
+                doc! { "$match": envelope::written_by_reshard() },
                 doc! { "$sample": { "size": options.sample.max(1) as i64 } },
             ])
             .await
@@ -614,7 +560,7 @@ pub async fn run(
                 stratum.defects += 1;
                 *result.counts.entry("misplaced".to_owned()).or_default() += 1;
                 result.findings.push(finding(
-                    "misplaced",
+                    FindingKind::Misplaced,
                     &id,
                     &name,
                     json!({ "found": target.to_string(), "expected": l.locations[0].to_string() }),
@@ -627,7 +573,7 @@ pub async fn run(
     // one defect.
     let mut seen = HashSet::new();
     result.findings.retain(|f| match &f.doc_id {
-        Some(id) => seen.insert((f.kind.clone(), id.clone())),
+        Some(id) => seen.insert((f.kind, id.clone())),
         None => true,
     });
     result.strata = strata
@@ -644,80 +590,33 @@ pub async fn run(
     Ok(result)
 }
 
-/// The filter of a partition: its whole range, or (`from_checkpoint`) what is left after its
-/// checkpoint.
-pub fn partition_filter(
-    from: &RoutingVersion,
-    p: &crate::store::partitions::Partition,
-    from_checkpoint: bool,
-) -> Document {
-    let mut filter = match &p.tenant_filter {
-        Some(t) => {
-            let tenants: Vec<KeyValue> = serde_json::from_value(t.clone()).unwrap_or_default();
-            plan::tenant_filter(&from.tenant_key, &tenants)
-        }
-        None => Document::new(),
-    };
-    let bracket = ids::Bracket::parse(&p.id_type).unwrap_or(ids::Bracket::String);
-    let decode = |b: &Option<Vec<u8>>| b.as_deref().and_then(|b| ids::decode(b).ok());
-    let resume = if from_checkpoint {
-        decode(&p.last_id)
-    } else {
-        None
-    };
-    filter.extend(ids::range_filter(
-        bracket,
-        decode(&p.lower_bound).as_ref(),
-        resume.as_ref(),
-        decode(&p.upper_bound).as_ref(),
-    ));
-    filter
-}
-
 /// Checks the findings again (after the caller waited) and keeps those that persist.
 pub async fn recheck(
     scene: &Scene,
-    partitions: &[crate::store::partitions::Partition],
+    partitions: &[Partition],
     findings: Vec<NewFinding>,
 ) -> Result<(Vec<NewFinding>, u64), ReadError> {
     let mut kept = Vec::new();
     let mut gone = 0;
     for f in findings {
-        let still = match (f.kind.as_str(), &f.doc_id) {
-            ("count", _) => {
+        let still = match (f.kind, &f.doc_id) {
+            (FindingKind::Count, _) => {
                 let id = f.details["partition"].as_i64();
                 match partitions.iter().find(|p| Some(p.id) == id) {
-                    Some(p) => {
-                        let location =
-                            Location::new(p.source_shard.clone(), p.source_collection.clone());
-                        let db = &scene.shards[&location.shard];
-                        let count =
-                            db.collection::<Document>(&location.collection)
-                                .count_documents(partition_filter(&scene.from, p, false))
-                                .await
-                                .map_err(read_err(&location))? as i64;
-                        count != p.scanned + p.skipped_foreign
-                    }
+                    Some(p) => count_differs(scene, p).await?,
                     None => true,
                 }
             }
             (_, Some(raw)) => {
                 let id = ids::decode(raw).unwrap_or(Bson::Null);
                 match f.details["source"].as_str().and_then(parse_location) {
-                    Some(source) => {
-                        let doc = scene.shards[&source.shard]
-                            .collection::<Document>(&source.collection)
-                            .find_one(doc! { "_id": id.clone() })
-                            .await
-                            .map_err(read_err(&source))?;
-                        match doc {
-                            Some(d) => matches!(
-                                check_batch(scene, &source, &[d]).await?.first(),
-                                Some((_, Outcome::Finding { kind, .. })) if *kind == f.kind
-                            ),
-                            None => false,
-                        }
-                    }
+                    Some(source) => match scene.shards.find_by_id(&source, &id).await? {
+                        Some(d) => matches!(
+                            check_batch(scene, &source, &[d]).await?.first(),
+                            Some((_, Outcome::Finding { kind, .. })) if *kind == f.kind
+                        ),
+                        None => false,
+                    },
                     // A placement finding: is the document still where it should not be?
                     None => match f.details["found"].as_str().and_then(parse_location) {
                         Some(at) => !find_by_ids(scene, &at, std::slice::from_ref(&id))
@@ -738,94 +637,129 @@ pub async fn recheck(
     Ok((kept, gone))
 }
 
+/// Whether a fresh count of a partition's range differs from its ledger.
+async fn count_differs(scene: &Scene, p: &Partition) -> Result<bool, ReadError> {
+    let location = p.location();
+    let filter = plan::partition_filter(&scene.from, p, false).map_err(|e| ReadError::Mongo {
+        location: location.clone(),
+        source: mongodb::error::Error::custom(e),
+    })?;
+    let count = scene
+        .shards
+        .collection(&location)?
+        .count_documents(filter)
+        .await
+        .map_err(read_err(&location))? as i64;
+    Ok(count != p.scanned + p.skipped_foreign)
+}
+
 fn parse_location(text: &str) -> Option<Location> {
     let (shard, collection) = text.split_once('/')?;
     Some(Location::new(shard, collection))
 }
 
-/// Whether a run's findings are within the migration's thresholds.
+/// Whether a run's findings are within the migration's thresholds. A count mismatch and a
+/// document that cannot be routed never pass.
 pub fn verdict(
     findings: &[NewFinding],
     settings: &MigrationSettings,
 ) -> (bool, BTreeMap<String, u64>) {
     let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
     for f in findings {
-        *by_kind.entry(f.kind.clone()).or_default() += 1;
+        *by_kind.entry(f.kind.to_string()).or_default() += 1;
     }
-    let n = |k: &str| by_kind.get(k).copied().unwrap_or(0);
-    let passed = n("count") == 0
-        && n("missing") <= settings.max_missing
-        && n("mismatched") <= settings.max_mismatched
-        && n("misplaced") <= settings.max_misplaced;
+    let n = |k: FindingKind| by_kind.get(k.as_str()).copied().unwrap_or(0);
+    let passed = n(FindingKind::Count) == 0
+        && n(FindingKind::Unroutable) == 0
+        && n(FindingKind::Missing) <= settings.max_missing
+        && n(FindingKind::Mismatched) <= settings.max_mismatched
+        && n(FindingKind::Misplaced) <= settings.max_misplaced;
     (passed, by_kind)
 }
 
+/// Runs a repair's protocol steps for `doc` (a source document) at its target `goal`:
+/// [`protocol::repair_copy_step`], then on a duplicate key [`protocol::repair_replace_step`],
+/// which replaces only a pristine copy, never the application's write or a tombstone.
+async fn repair_copy(
+    scene: &Scene,
+    goal: &Location,
+    doc: Document,
+    sub_bucket: u32,
+    epoch: i64,
+) -> Result<&'static str, ReadError> {
+    let coll = scene.shards.collection(goal)?;
+    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+    let copy = |payload: &Payload<Document>| match payload {
+        Payload::Copy(d) => envelope::copy(d.clone(), &scene.to, sub_bucket, epoch),
+        Payload::App(_) | Payload::Tombstone => unreachable!("a repair writes copies only"),
+    };
+    let mut step: Step<Document, Document> = protocol::repair_copy_step(doc.clone());
+    loop {
+        let answer: Answer<Document> = match &step {
+            Step::Insert(Side::Target, payload) => match coll.insert_one(copy(payload)).await {
+                Ok(_) => Answer::Inserted,
+                Err(e) if crate::copy::classify::is_duplicate_key(&e) => Answer::DuplicateKey,
+                Err(e) => return Err(read_err(goal)(e)),
+            },
+            Step::ReplaceCopy(Side::Target, payload) => {
+                let r = coll
+                    .replace_one(envelope::pristine_copy_of(&id), copy(payload))
+                    .await
+                    .map_err(read_err(goal))?;
+                Answer::Matched(r.matched_count == 1)
+            }
+            other => unreachable!("a repair asks for no {other:?}"),
+        };
+        match (&step, answer) {
+            (Step::Insert(..), Answer::Inserted) => return Ok("copied again"),
+            (Step::Insert(..), _) => step = protocol::repair_replace_step(doc.clone()),
+            (_, Answer::Matched(true)) => return Ok("pristine copy replaced"),
+            _ => return Ok("left alone: the application wrote it since"),
+        }
+    }
+}
+
 /// Rewrites the documents findings name: a missing or mismatched pristine copy is copied again
-/// from the source (insert if absent; replace only while the target still holds a pristine
-/// copy, never over the application's writes), a misplaced copy is removed from where it does
-/// not belong once the right location holds it. Returns per finding what was done.
+/// from the source ([`repair_copy`]), a staying document gets its routing field, a misplaced
+/// copy is removed from where it does not belong once the right location holds it. Returns
+/// per finding what was done.
 pub async fn repair(
     scene: &Scene,
     epoch: i64,
     findings: &[crate::store::reconcile::Finding],
 ) -> Result<Vec<(i64, String)>, ReadError> {
-    let meta = crate::router::exec_meta();
     let mut done = Vec::new();
     for f in findings {
         let Some(raw) = &f.doc_id else { continue };
         let id = ids::decode(raw).unwrap_or(Bson::Null);
         let source = f.details["source"].as_str().and_then(parse_location);
-        let what = match (f.kind.as_str(), source) {
-            ("missing" | "mismatched", Some(source)) => {
-                let Some(doc) = scene.shards[&source.shard]
-                    .collection::<Document>(&source.collection)
-                    .find_one(doc! { "_id": id.clone() })
-                    .await
-                    .map_err(read_err(&source))?
-                else {
+        let what = match (f.kind, source) {
+            (FindingKind::Missing | FindingKind::Mismatched, Some(source)) => {
+                let Some(doc) = scene.shards.find_by_id(&source, &id).await? else {
                     done.push((f.id, "the source document is gone".to_owned()));
                     continue;
                 };
-                let Some((t, k)) = keys_of(&scene.from, &doc) else {
-                    continue;
-                };
-                let Ok(located) = scene.to.locate(&t, &k) else {
-                    continue;
-                };
-                let goal = located.locations[0].clone();
-                let coll = scene.shards[&goal.shard].collection::<Document>(&goal.collection);
-                if goal == source {
-                    let field = scene.to.routing_field().unwrap_or("bucket");
-                    coll.update_one(
-                        doc! { "_id": id.clone() },
-                        doc! { "$set": { field: located.sub_bucket as i32 } },
-                    )
-                    .await
-                    .map_err(read_err(&goal))?;
-                    "routing field stamped".to_owned()
-                } else {
-                    let copy = copy_document(doc, &scene.to, &located, epoch);
-                    match coll.insert_one(copy.clone()).await {
-                        Ok(_) => "copied again".to_owned(),
-                        Err(e) if crate::router::is_duplicate_key(&e) => {
-                            let r = coll
-                                .replace_one(
-                                    doc! { "_id": id.clone(), format!("{meta}.src"): "copy" },
-                                    copy,
-                                )
-                                .await
-                                .map_err(read_err(&goal))?;
-                            if r.matched_count == 1 {
-                                "pristine copy replaced".to_owned()
-                            } else {
-                                "left alone: the application wrote it since".to_owned()
-                            }
-                        }
-                        Err(e) => return Err(read_err(&goal)(e)),
+                match disposition::of(Side::Source, &scene.from, &scene.to, &source, &doc) {
+                    Disposition::Stays {
+                        stamp: Some((field, value)),
+                    } => {
+                        scene
+                            .shards
+                            .collection(&source)?
+                            .update_one(envelope::live(&id), envelope::stamp(&field, value))
+                            .await
+                            .map_err(read_err(&source))?;
+                        "routing field stamped".to_owned()
                     }
+                    Disposition::Moves { target, sub_bucket } => {
+                        repair_copy(scene, &target, doc, sub_bucket, epoch)
+                            .await?
+                            .to_owned()
+                    }
+                    other => format!("left alone: the source document is {other:?} now"),
                 }
             }
-            ("misplaced", source) => {
+            (FindingKind::Misplaced, source) => {
                 let found = f.details["found"].as_str().and_then(parse_location);
                 let expected = f.details["expected"].as_str().and_then(parse_location);
                 let (Some(found), Some(expected)) = (found, expected) else {
@@ -838,29 +772,25 @@ pub async fn repair(
                 {
                     // Only the stray exists: copy the source document where it belongs first.
                     let doc = match &source {
-                        Some(source) => scene.shards[&source.shard]
-                            .collection::<Document>(&source.collection)
-                            .find_one(doc! { "_id": id.clone() })
-                            .await
-                            .map_err(read_err(source))?,
+                        Some(source) => scene.shards.find_by_id(source, &id).await?,
                         None => None,
                     };
-                    let located = doc.as_ref().and_then(|d| {
-                        let (t, k) = keys_of(&scene.from, d)?;
-                        scene.to.locate(&t, &k).ok()
-                    });
-                    match (doc, located) {
-                        (Some(doc), Some(located)) if located.locations.contains(&expected) => {
-                            let copy = copy_document(doc, &scene.to, &located, epoch);
-                            match scene.shards[&expected.shard]
-                                .collection::<Document>(&expected.collection)
-                                .insert_one(copy)
-                                .await
-                            {
-                                Ok(_) => what.push(format!("copied again to {expected}")),
-                                Err(e) if crate::router::is_duplicate_key(&e) => {}
-                                Err(e) => return Err(read_err(&expected)(e)),
-                            }
+                    let d = match (&doc, &source) {
+                        (Some(doc), Some(source)) => Some(disposition::of(
+                            Side::Source,
+                            &scene.from,
+                            &scene.to,
+                            source,
+                            doc,
+                        )),
+                        _ => None,
+                    };
+                    match (doc, d) {
+                        (Some(doc), Some(Disposition::Moves { target, sub_bucket }))
+                            if target == expected =>
+                        {
+                            let w = repair_copy(scene, &expected, doc, sub_bucket, epoch).await?;
+                            what.push(format!("{w} to {expected}"));
                         }
                         _ => {
                             done.push((
@@ -876,9 +806,10 @@ pub async fn repair(
                 }
                 // Remove the stray only while it is a pristine copy: the application's own
                 // write there is for an operator to look at.
-                let r = scene.shards[&found.shard]
-                    .collection::<Document>(&found.collection)
-                    .delete_one(doc! { "_id": id.clone(), format!("{meta}.src"): "copy" })
+                let r = scene
+                    .shards
+                    .collection(&found)?
+                    .delete_one(envelope::pristine_copy_of(&id))
                     .await
                     .map_err(read_err(&found))?;
                 if r.deleted_count == 1 {
@@ -923,13 +854,17 @@ pub async fn verify_leased(
     ));
     let one_loop = || async {
         loop {
-            let token = uuid::Uuid::new_v4();
-            let Some(p) = store
-                .claim_verify_partition(run_id, token, owner, ttl)
-                .await?
-            else {
+            // Verification only reads: no fence margin is needed before a takeover.
+            let claim = Claim {
+                token: uuid::Uuid::new_v4(),
+                owner: owner.to_owned(),
+                ttl,
+                fence_margin: Duration::ZERO,
+            };
+            let Some(p) = store.claim_verify_partition(run_id, &claim).await? else {
                 return Ok::<(), VerifyError>(());
             };
+            let token = claim.token;
             let keeper = {
                 let (store, id) = (store.clone(), p.id);
                 tokio::spawn(async move {
@@ -956,34 +891,27 @@ pub async fn verify_leased(
 async fn verify_partition(
     store: &crate::store::Store,
     scene: &Scene,
-    p: &crate::store::partitions::Partition,
+    p: &Partition,
     token: uuid::Uuid,
     ttl: Duration,
     settings: &MigrationSettings,
     rate: &std::sync::Mutex<AdaptiveRate>,
 ) -> Result<(), VerifyError> {
-    let location = Location::new(p.source_shard.clone(), p.source_collection.clone());
-    let Some(db) = scene.shards.get(&location.shard) else {
-        return Ok(());
-    };
-    let filter = partition_filter(&scene.from, p, true);
+    let location = p.location();
+    let filter = plan::partition_filter(&scene.from, p, true).map_err(|e| ReadError::Mongo {
+        location: location.clone(),
+        source: mongodb::error::Error::custom(e),
+    })?;
     let mut outcomes: BTreeMap<String, u64> =
         serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
-    let mut cursor = db
-        .collection::<Document>(&location.collection)
-        .find(filter)
-        .sort(doc! { "_id": 1 })
-        .await
-        .map_err(read_err(&location))?;
+    let batch_size = settings.batch_size;
+    let mut scan = scene
+        .shards
+        .scan(&location, filter, std::sync::Arc::new(move || batch_size))
+        .await?;
     let name = format!("full:{location}");
     loop {
-        let mut batch = Vec::with_capacity(settings.batch_size);
-        while batch.len() < settings.batch_size {
-            match cursor.try_next().await.map_err(read_err(&location))? {
-                Some(d) => batch.push(d),
-                None => break,
-            }
-        }
+        let batch = scan.next_batch().await?;
         if batch.is_empty() {
             store
                 .checkpoint_verify(p, token, ttl, None, 0, &json!(outcomes), &[], true)
@@ -1022,15 +950,6 @@ async fn verify_partition(
             // The lease was taken over: whoever holds it goes on from the last checkpoint.
             return Ok(());
         }
-    }
-}
-
-/// Whether a scope is the whole location (for reports).
-pub fn scope_name(scope: &MoveScope) -> &'static str {
-    match scope {
-        MoveScope::Nothing => "nothing",
-        MoveScope::Tenants(_) => "tenants",
-        MoveScope::Everything { .. } => "everything",
     }
 }
 
@@ -1080,7 +999,11 @@ mod tests {
     #[test]
     fn the_verdict_follows_the_thresholds() {
         let f = |kind: &str| NewFinding {
-            kind: kind.into(),
+            kind: match kind {
+                "missing" => FindingKind::Missing,
+                "misplaced" => FindingKind::Misplaced,
+                _ => FindingKind::Count,
+            },
             doc_id: None,
             doc_id_text: None,
             stratum: None,

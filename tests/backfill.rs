@@ -26,7 +26,8 @@ use reshard::backfill::{Worker, WorkerConfig, WorkerSummary};
 use reshard::phase::{Action, Phase};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::settings::MigrationSettings;
-use reshard::store::partitions::Partition;
+use reshard::store::events::EventKind;
+use reshard::store::partitions::{Partition, PartitionState, Task};
 use reshard::store::{Store, StoreError};
 use serde_json::json;
 use support::{MongoServer, PgDb};
@@ -206,7 +207,7 @@ impl Fixture {
 
     async fn partitions(&self) -> Vec<Partition> {
         self.store
-            .partitions(self.migration, "backfill")
+            .partitions(self.migration, Task::Backfill)
             .await
             .unwrap()
     }
@@ -221,7 +222,7 @@ impl Fixture {
             .await
             .unwrap()
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.to_string())
             .collect()
     }
 
@@ -506,7 +507,7 @@ async fn verify_targets(fx: &Fixture, docs: &[Document], refused: &BTreeSet<Stri
 fn check_ledgers(partitions: &[Partition]) {
     assert!(!partitions.is_empty(), "no partitions were planned");
     for p in partitions {
-        assert_eq!(p.state, "done", "partition {p:?}");
+        assert_eq!(p.state, PartitionState::Done, "partition {p:?}");
         assert_eq!(
             p.scanned,
             p.inserted + p.already_present + p.stamped + p.dead_lettered,
@@ -608,7 +609,7 @@ async fn hot_tenant_and_new_shard_copy_exactly_what_moves() {
 
     let t = fx
         .store
-        .task_totals(fx.migration, "backfill")
+        .task_totals(fx.migration, Task::Backfill)
         .await
         .unwrap();
     assert_eq!(t.done, t.partitions);
@@ -758,7 +759,7 @@ async fn a_killed_worker_is_taken_over_from_its_checkpoints() {
         let partitions = fx.partitions().await;
         if partitions
             .iter()
-            .any(|p| p.state == "leased" && p.scanned > 0)
+            .any(|p| p.state == PartitionState::Leased && p.scanned > 0)
         {
             break;
         }
@@ -767,7 +768,10 @@ async fn a_killed_worker_is_taken_over_from_its_checkpoints() {
     child.0.kill().unwrap(); // SIGKILL
     child.0.wait().unwrap();
     let at_kill = fx.partitions().await;
-    let done_at_kill = at_kill.iter().filter(|p| p.state == "done").count();
+    let done_at_kill = at_kill
+        .iter()
+        .filter(|p| p.state == PartitionState::Done)
+        .count();
     let scanned_at_kill = sum(&at_kill, |p| p.scanned);
     eprintln!(
         "killed with {done_at_kill}/{} partitions done, {scanned_at_kill} documents scanned",
@@ -780,7 +784,7 @@ async fn a_killed_worker_is_taken_over_from_its_checkpoints() {
     assert!(scanned_at_kill > 0);
     let orphaned: Vec<i64> = at_kill
         .iter()
-        .filter(|p| p.state == "leased")
+        .filter(|p| p.state == PartitionState::Leased)
         .map(|p| p.id)
         .collect();
     assert!(!orphaned.is_empty());
@@ -1122,7 +1126,7 @@ async fn refused_copies_become_dead_letters_that_hold_the_gate() {
     let events = fx.store.events(fx.migration).await.unwrap();
     let skips: Vec<_> = events
         .iter()
-        .filter(|e| e.kind == "deadletter_skipped")
+        .filter(|e| e.kind == EventKind::DeadletterSkipped)
         .collect();
     assert_eq!(skips.len(), 3, "{events:?}");
     for e in skips {
@@ -1186,7 +1190,7 @@ async fn a_slow_target_shard_slows_only_the_copies_to_it() {
                     .iter()
                     .filter(|p| p.source_shard == shard)
                     .collect();
-                !of.is_empty() && of.iter().all(|p| p.state == "done")
+                !of.is_empty() && of.iter().all(|p| p.state == PartitionState::Done)
             };
             if fast_first.is_none() && all_done("s2") {
                 fast_first = Some(!all_done("s1"));

@@ -22,6 +22,7 @@ use reshard::backfill::{prepare_batch, Worker, WorkerConfig};
 use reshard::copy::{BulkWriter, WriteOp, WriterOptions};
 use reshard::phase::{Action, Phase};
 use reshard::routing::Location;
+use reshard::store::partitions::Task;
 use reshard::store::Store;
 use serde_json::json;
 use support::{MongoServer, PgDb, Shards};
@@ -225,7 +226,7 @@ async fn unthrottled_copy_against_raw_ingest() {
     let plan_seconds = (planned_at - wall).num_milliseconds() as f64 / 1000.0;
     let raw_after = raw_ingest(&writer, prebuilt("raw_after")).await;
 
-    let totals = store.task_totals(m, "backfill").await.unwrap();
+    let totals = store.task_totals(m, Task::Backfill).await.unwrap();
     assert_eq!(totals.scanned as usize, n);
     assert_eq!(totals.inserted as usize, n, "{totals:?}");
     let rate = |d: Duration| n as f64 / d.as_secs_f64();

@@ -14,6 +14,7 @@ use mongodb::bson::{doc, Document};
 use mongodb::Database;
 use reshard::backfill::{Worker, WorkerConfig};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
+use reshard::store::partitions::{PartitionState, Task};
 use support::{heavy_tests_enabled, PgDb, World};
 
 fn reshard(db: &PgDb, args: &[&str]) -> Output {
@@ -130,7 +131,11 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
     ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
     ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
     work(&w).await;
-    let totals = w.store.task_totals(w.migration, "cleanup").await.unwrap();
+    let totals = w
+        .store
+        .task_totals(w.migration, Task::Cleanup)
+        .await
+        .unwrap();
     assert!(
         totals.partitions > 0 && totals.done == totals.partitions,
         "{totals:?}"
@@ -313,7 +318,11 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let before = w.store.task_totals(w.migration, "backfill").await.unwrap();
+    let before = w
+        .store
+        .task_totals(w.migration, Task::Backfill)
+        .await
+        .unwrap();
     assert!(
         before.partitions > 0 && before.done < before.partitions && before.scanned > 0,
         "the rollback must land mid-backfill: {before:?}"
@@ -355,7 +364,11 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
         "worker: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let revert = w.store.task_totals(w.migration, "revert").await.unwrap();
+    let revert = w
+        .store
+        .task_totals(w.migration, Task::Revert)
+        .await
+        .unwrap();
     assert!(
         revert.partitions > 0 && revert.done == revert.partitions,
         "{revert:?}"
@@ -397,7 +410,7 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
     for l in w.v1.locations() {
         for d in all(&w, &l, doc! {}).await {
             assert!(
-                !reshard::router::is_tombstone(&d),
+                !reshard::envelope::is_tombstone(&d),
                 "tombstone left in {l}: {d}"
             );
             let tenant = KeyValue::from_bson(d.get("customerId").unwrap()).unwrap();
@@ -467,7 +480,10 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
     child.kill().unwrap();
     child.wait().unwrap();
     let parts = w.store.verify_partitions(run).await.unwrap();
-    assert!(parts.iter().any(|p| p.state != "done"), "killed too late");
+    assert!(
+        parts.iter().any(|p| p.state != PartitionState::Done),
+        "killed too late"
+    );
     let done_before: i64 = parts.iter().map(|p| p.scanned).sum();
     assert!(done_before > 0);
 
@@ -496,7 +512,10 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
         ],
     );
     let parts = w.store.verify_partitions(run).await.unwrap();
-    assert!(parts.iter().all(|p| p.state == "done"), "{parts:?}");
+    assert!(
+        parts.iter().all(|p| p.state == PartitionState::Done),
+        "{parts:?}"
+    );
     assert!(
         parts.iter().any(|p| p.attempts >= 2),
         "nothing was taken over: {parts:?}"

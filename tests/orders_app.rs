@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use mongodb::bson::{doc, Document};
 use reshard::routing::KeyValue;
+use reshard::store::partitions::Task;
 use support::{heavy_tests_enabled, PgDb, World};
 
 fn example_binary() -> PathBuf {
@@ -104,7 +105,7 @@ async fn the_example_app_loses_nothing_through_the_phases_and_a_backfill() {
         "worker: {}",
         String::from_utf8_lossy(&worker.stderr)
     );
-    let totals = store.task_totals(migration, "backfill").await.unwrap();
+    let totals = store.task_totals(migration, Task::Backfill).await.unwrap();
     assert!(
         totals.partitions > 0 && totals.done == totals.partitions,
         "{totals:?}"

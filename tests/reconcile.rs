@@ -25,7 +25,7 @@ use reshard::ids;
 use reshard::phase::{Action, Phase};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::settings::MigrationSettings;
-use reshard::store::partitions::Partition;
+use reshard::store::partitions::{Partition, PartitionState, Task};
 use reshard::store::Store;
 use serde_json::Value;
 use support::{MongoServer, PgDb};
@@ -188,7 +188,7 @@ impl Fixture {
         let partitions = fx.partitions().await;
         assert!(!partitions.is_empty());
         for p in &partitions {
-            assert_eq!(p.state, "done", "{p:?}");
+            assert_eq!(p.state, PartitionState::Done, "{p:?}");
             assert_eq!(p.dead_lettered, 0, "{p:?}");
         }
         eprintln!(
@@ -215,7 +215,7 @@ impl Fixture {
 
     async fn partitions(&self) -> Vec<Partition> {
         self.store
-            .partitions(self.migration, "backfill")
+            .partitions(self.migration, Task::Backfill)
             .await
             .unwrap()
     }

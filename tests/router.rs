@@ -232,7 +232,7 @@ async fn a_delete_racing_the_backfill_copy_is_never_resurrected() {
     );
     assert_eq!(router.get(HOT, &oid).await.unwrap(), None);
     let stored = w.target_doc(HOT, &oid).await.unwrap();
-    assert!(reshard::router::is_tombstone(&stored), "{stored}");
+    assert!(reshard::envelope::is_tombstone(&stored), "{stored}");
     // The source copy is still there until cleanup; copying it again cannot bring it back.
     w.copy(HOT, &oid).await;
     assert_eq!(router.get(HOT, &oid).await.unwrap(), None);
@@ -538,7 +538,7 @@ async fn every_target_write_bumps_the_documents_revision() {
     w.seed(HOT, &oid, 1).await;
     let router = w.router(config("api")).await;
     w.to_backfill(&[&router]).await;
-    let rev = |d: Option<Document>| reshard::router::revision(&d.unwrap());
+    let rev = |d: Option<Document>| reshard::envelope::revision(&d.unwrap());
     // The copy-on-write copy is revision 0, the update on it revision 1.
     assert!(router
         .update(HOT, &oid, doc! { "$inc": { "total": 1 } })
@@ -596,9 +596,9 @@ async fn while_reverting_every_operation_mirrors_the_target_into_the_source() {
         .unwrap());
     let mirrored = source(kept.clone()).await.unwrap();
     assert_eq!(mirrored.get_i32("total").unwrap(), 6);
-    assert_eq!(reshard::router::revision(&mirrored), 2);
+    assert_eq!(reshard::envelope::revision(&mirrored), 2);
     assert!(router.delete(HOT, &gone).await.unwrap());
-    assert!(reshard::router::is_tombstone(
+    assert!(reshard::envelope::is_tombstone(
         &source(gone.clone()).await.unwrap()
     ));
 
@@ -788,6 +788,8 @@ async fn a_router_draining_a_slow_step_keeps_its_lease_and_holds_the_switch() {
     w.advance(&[&router], &[Phase::DualRead]).await;
     assert!(router.delete(HOT, &oid).await.unwrap());
     assert!(fired.load(Ordering::SeqCst));
+    // Drained, it switches to write_switch and acknowledges; then the switch completes.
+    w.acknowledged().await;
     w.advance(&[&router], &[Phase::NewWrites, Phase::Backfill])
         .await;
     w.copy(HOT, &oid).await;

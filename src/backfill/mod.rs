@@ -9,8 +9,3 @@ pub mod plan;
 pub mod worker;
 
 pub use worker::{prepare_batch, Worker, WorkerConfig, WorkerError, WorkerSummary};
-
-/// This machine's name, for leases and events.
-pub fn host() -> String {
-    crate::commands::hostname()
-}

@@ -11,13 +11,51 @@ use std::collections::BTreeMap;
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::Database;
 use serde_json::json;
 
+use crate::envelope;
 use crate::ids::{self, Bracket};
-use crate::routing::{self, KeyValue, Location, MoveScope, RoutingVersion};
+use crate::routing::{KeyValue, Location, MoveScope, RoutingVersion};
+pub use crate::scope::tenant_filter;
+use crate::scope::{location_scope, scope_filter};
 use crate::settings::MigrationSettings;
-use crate::store::partitions::NewPartition;
+use crate::shards::Shards;
+use crate::store::partitions::{NewPartition, Partition, Task};
+
+/// The filter of a partition's scan: its tenants (a scoped scan) or what reshard wrote (the
+/// revert copier reads the target), and its `_id` range within its bracket, whole or
+/// (`from_checkpoint`) after its checkpoint. The one place a partition's range becomes a
+/// query, for every task.
+pub fn partition_filter(
+    from: &RoutingVersion,
+    p: &Partition,
+    from_checkpoint: bool,
+) -> Result<Document, String> {
+    let bracket =
+        Bracket::parse(&p.id_type).ok_or_else(|| format!("unknown _id type {:?}", p.id_type))?;
+    let decode = |b: &Option<Vec<u8>>| b.as_deref().map(ids::decode).transpose();
+    let mut filter = match &p.tenant_filter {
+        _ if p.task == Task::Revert => envelope::written_by_reshard(),
+        Some(tenants) => {
+            let tenants: Vec<KeyValue> = serde_json::from_value(tenants.clone())
+                .map_err(|e| format!("tenant filter unreadable: {e}"))?;
+            tenant_filter(&from.tenant_key, &tenants)
+        }
+        None => Document::new(),
+    };
+    let resume = if from_checkpoint {
+        decode(&p.last_id)?
+    } else {
+        None
+    };
+    filter.extend(ids::range_filter(
+        bracket,
+        decode(&p.lower_bound)?.as_ref(),
+        resume.as_ref(),
+        decode(&p.upper_bound)?.as_ref(),
+    ));
+    Ok(filter)
+}
 
 /// What the planner decided for one source location.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,38 +85,6 @@ pub enum PlanError {
         type_name: String,
         example: String,
     },
-}
-
-/// The scan scope at `location`: [`routing::scope_at`], widened to everything when staying
-/// documents need the target's routing field stamped.
-pub fn location_scope(
-    from: &RoutingVersion,
-    to: &RoutingVersion,
-    location: &Location,
-) -> MoveScope {
-    let scope = routing::scope_at(from, to, location);
-    match (&scope, routing::diff(from, to).stamp_routing_field) {
-        (MoveScope::Everything { .. }, _) | (_, None) => scope,
-        (_, Some(field)) => MoveScope::Everything {
-            reason: format!(
-                "documents that stay at {location} get the routing field {field:?} stamped"
-            ),
-        },
-    }
-}
-
-/// The MongoDB filter of a scope (`None`: nothing to scan).
-pub fn scope_filter(tenant_key: &str, scope: &MoveScope) -> Option<Document> {
-    match scope {
-        MoveScope::Nothing => None,
-        MoveScope::Everything { .. } => Some(Document::new()),
-        MoveScope::Tenants(tenants) => Some(tenant_filter(tenant_key, tenants)),
-    }
-}
-
-pub fn tenant_filter(tenant_key: &str, tenants: &[KeyValue]) -> Document {
-    let values: Vec<Bson> = tenants.iter().map(KeyValue::to_bson).collect();
-    doc! { tenant_key: { "$in": values } }
 }
 
 /// How many partitions a bracket holding `approx` documents gets.
@@ -137,7 +143,7 @@ pub fn partitions_of_bracket(
 pub async fn plan(
     from: &RoutingVersion,
     to: &RoutingVersion,
-    shards: &BTreeMap<String, Database>,
+    shards: &Shards,
     settings: &MigrationSettings,
 ) -> Result<Vec<LocationPlan>, PlanError> {
     let mut plans = Vec::new();
@@ -152,10 +158,9 @@ pub async fn plan(
             });
             continue;
         };
-        let db = shards
-            .get(&location.shard)
-            .ok_or_else(|| PlanError::UnknownShard(location.shard.clone()))?;
-        let coll = db.collection::<Document>(&location.collection);
+        let coll = shards
+            .collection(&location)
+            .map_err(|e| PlanError::UnknownShard(e.0))?;
         let read = |source| PlanError::Read {
             location: location.clone(),
             source,
@@ -265,19 +270,16 @@ pub async fn plan(
 /// (what reshard wrote there, `_reshard` present, is read through one cursor each).
 pub async fn plan_revert(
     to: &RoutingVersion,
-    shards: &BTreeMap<String, Database>,
+    shards: &Shards,
 ) -> Result<Vec<NewPartition>, PlanError> {
     let mut partitions = Vec::new();
     for location in to.locations() {
-        let db = shards
-            .get(&location.shard)
-            .ok_or_else(|| PlanError::UnknownShard(location.shard.clone()))?;
-        let coll = db.collection::<Document>(&location.collection);
+        let coll = shards
+            .collection(&location)
+            .map_err(|e| PlanError::UnknownShard(e.0))?;
         for bracket in Bracket::ALL {
-            let probe = doc! {
-                crate::router::META: { "$exists": true },
-                "_id": { "$gte": bracket.floor() },
-            };
+            let mut probe = envelope::written_by_reshard();
+            probe.insert("_id", doc! { "$gte": bracket.floor() });
             let found = coll
                 .find_one(probe)
                 .projection(doc! { "_id": 1 })

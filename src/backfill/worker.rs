@@ -16,29 +16,34 @@
 //! that does not relent) is not dead-lettered: nothing is checkpointed, the partition is
 //! released and retried later from its checkpoint. Only permanent refusals become dead letters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::WriteConcern;
-use mongodb::Database;
 use serde_json::json;
 use tokio::sync::watch;
 use uuid::Uuid;
 
 use super::plan;
+use crate::copy::steps;
 use crate::copy::{
     BulkWriter, FailureClass, RetryPolicy, Statement, StatementResult, WriterOptions,
 };
-use crate::ids::{self, Bracket};
-use crate::router::{copy_document, is_tombstone};
-use crate::routing::{KeyValue, Location, RoutingVersion};
+use crate::disposition::{self, Disposition};
+use crate::envelope;
+use crate::ids;
+use crate::protocol::{
+    self, BackfillAction, CleanupAction, CleanupDecision, Found, RevertAction, Side, Step,
+};
+use crate::routing::{Location, RoutingVersion};
 use crate::settings::MigrationSettings;
+use crate::shards::Shards;
+use crate::store::events::{EventKind, NewEvent};
 use crate::store::migrations::Migration;
-use crate::store::partitions::{Checkpoint, NewDeadLetter, Partition, Task};
+use crate::store::partitions::{Checkpoint, Claim, NewDeadLetter, Partition, Task};
 use crate::store::workers::WorkerFigures;
 use crate::store::{Store, StoreError};
 use crate::throttle::AdaptiveRate;
@@ -112,7 +117,7 @@ pub struct WorkerSummary {
 /// A backfill worker over a set of shard connections.
 pub struct Worker {
     store: Store,
-    shards: BTreeMap<String, Database>,
+    shards: Shards,
     config: WorkerConfig,
     /// This worker's registration id (one row per migration it serves).
     id: Uuid,
@@ -184,20 +189,16 @@ impl Worker {
         store: Store,
         config: WorkerConfig,
     ) -> Result<Worker, crate::error::Error> {
-        let shards = crate::shards::databases(store.shards().await?, true)
+        let shards = Shards::connect(&store.shards().await?, true)
             .await
             .map_err(|e| crate::error::Error::BadInput(e.to_string()))?;
         Ok(Worker::with_shards(store, shards, config))
     }
 
-    pub fn with_shards(
-        store: Store,
-        shards: BTreeMap<String, Database>,
-        config: WorkerConfig,
-    ) -> Worker {
+    pub fn with_shards(store: Store, shards: impl Into<Shards>, config: WorkerConfig) -> Worker {
         Worker {
             store,
-            shards,
+            shards: shards.into(),
             config,
             id: Uuid::new_v4(),
             counters: Mutex::default(),
@@ -259,7 +260,7 @@ impl Worker {
                 summary.batches += s.batches;
                 summary.documents += s.documents;
                 summary.leases_lost += s.leases_lost;
-                let totals = self.store.task_totals(m.id, task.as_str()).await?;
+                let totals = self.store.task_totals(m.id, task).await?;
                 if totals.done < totals.partitions {
                     all_done = false;
                 }
@@ -298,11 +299,14 @@ impl Worker {
             Task::Backfill => m.backfill_planned_at,
             Task::Cleanup => m.cleanup_planned_at,
             Task::Revert => m.revert_planned_at,
+            // A full reconciliation plans its own partitions (`reshard reconcile --full`).
+            Task::Verify => return Ok(false),
         };
         if planned_at.is_some() {
             return Ok(true);
         }
         match task {
+            Task::Verify => return Ok(false),
             Task::Backfill => self.plan(m).await?,
             Task::Cleanup => {
                 self.store
@@ -417,7 +421,7 @@ impl Worker {
                 worker_id,
                 m.id,
                 &self.config.name,
-                &super::host(),
+                &crate::identity::hostname(),
                 std::process::id(),
                 ttl,
             )
@@ -581,16 +585,17 @@ impl Worker {
                     .record_event(
                         shared.migration,
                         &self.config.actor,
-                        "rate_cut",
-                        None,
-                        json!({
-                            "worker": self.config.name,
-                            "cuts": cuts - reported_cuts,
-                            "applied_docs_per_sec": applied,
-                            "max_docs_per_sec": max,
-                            "overloads": figures.overloads,
-                            "retries": figures.retries,
-                        }),
+                        &NewEvent::new(
+                            EventKind::RateCut,
+                            json!({
+                                "worker": self.config.name,
+                                "cuts": cuts - reported_cuts,
+                                "applied_docs_per_sec": applied,
+                                "max_docs_per_sec": max,
+                                "overloads": figures.overloads,
+                                "retries": figures.retries,
+                            }),
+                        ),
                     )
                     .await?;
                 reported_cuts = cuts;
@@ -614,13 +619,15 @@ impl Worker {
                     .record_event(
                         shared.migration,
                         &self.config.actor,
-                        "capacity_signal",
-                        Some(&reason),
-                        json!({
-                            "worker": self.config.name,
-                            "applied_docs_per_sec": applied,
-                            "overloads": figures.overloads,
-                        }),
+                        &NewEvent::new(
+                            EventKind::CapacitySignal,
+                            json!({
+                                "worker": self.config.name,
+                                "applied_docs_per_sec": applied,
+                                "overloads": figures.overloads,
+                            }),
+                        )
+                        .reason(Some(&reason)),
                     )
                     .await?;
                 last_capacity_event = Some(now);
@@ -649,67 +656,74 @@ impl Worker {
     ) -> Result<Result<PreparedBatch, String>, WorkerError> {
         let (checkpoint, moved) =
             cleanup_candidates(&shared.from, &shared.to, location, &shared.skipped, &docs);
+        // The lookup step ([`protocol::cleanup_lookup_step`]), batched: one `$in` per target.
         let mut by_target: BTreeMap<Location, Vec<Bson>> = BTreeMap::new();
-        for (id, target) in &moved {
-            by_target
-                .entry(target.clone())
-                .or_default()
-                .push(id.clone());
+        for (id, d) in &moved {
+            if let Disposition::Moves { target, .. } = d {
+                by_target
+                    .entry(target.clone())
+                    .or_default()
+                    .push(id.clone());
+            }
         }
-        let mut present: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+        let mut found: HashMap<Vec<u8>, Document> = HashMap::new();
         for (target, wanted) in by_target {
-            let Some(db) = self.shards.get(&target.shard) else {
-                return Ok(Err(format!(
-                    "target shard {:?} has no connection",
-                    target.shard
-                )));
-            };
-            let found: Vec<Document> = match db
-                .collection::<Document>(&target.collection)
-                .find(doc! { "_id": { "$in": wanted } })
-                .projection(doc! { "_id": 1 })
+            let projection = doc! { "_id": 1, format!("{}.deleted", envelope::META): 1 };
+            match self
+                .shards
+                .find_by_ids(&target, &wanted, Some(projection))
                 .await
             {
-                Ok(cursor) => match cursor.try_collect().await {
-                    Ok(found) => found,
-                    Err(e) => return Err(self.read_failure(shared, &target, e)),
-                },
-                Err(e) => return Err(self.read_failure(shared, &target, e)),
-            };
-            present.extend(found.iter().filter_map(|d| d.get("_id").map(ids::encode)));
+                Ok(docs) => found.extend(docs),
+                Err(e) => {
+                    return Err(WorkerError::Invalid {
+                        migration: shared.migration,
+                        message: e.to_string(),
+                    })
+                }
+            }
         }
+        let context = steps::Context {
+            from: &shared.from,
+            to: &shared.to,
+            migration: shared.migration,
+            epoch: shared.epoch,
+        };
         let mut batch = PreparedBatch {
             checkpoint,
             ..PreparedBatch::default()
         };
-        for (id, target) in moved {
-            if !present.contains(&ids::encode(&id)) {
-                return Ok(Err(format!(
-                    "cleanup stopped: _id {} at {location} is missing from its target {target}; \
-                     nothing of its batch was deleted (reconcile and repair, then resume)",
-                    ids::text(&id)
-                )));
+        for (id, d) in moved {
+            let target = match &d {
+                Disposition::Moves { target, .. } => target.clone(),
+                _ => unreachable!("only documents that move are looked up"),
+            };
+            let in_target = match found.get(&ids::key(&id)) {
+                None => Found::Absent,
+                Some(t) if envelope::is_tombstone(t) => Found::Tombstone,
+                Some(t) => Found::Live(t.clone()),
+            };
+            match protocol::cleanup_decision(&in_target) {
+                CleanupDecision::Missing => {
+                    return Ok(Err(format!(
+                        "cleanup stopped: _id {} at {location} is missing from its target \
+                         {target}; nothing of its batch was deleted (reconcile and repair, then \
+                         resume)",
+                        ids::text(&id)
+                    )));
+                }
+                CleanupDecision::DeleteSource => batch.push(
+                    protocol::cleanup_delete_step(),
+                    Kind::Delete,
+                    &id,
+                    location,
+                    &d,
+                    None,
+                    &context,
+                ),
             }
-            batch
-                .statements
-                .push(Statement::delete(location.clone(), id.clone()));
-            batch.kinds.push(Kind::Delete);
-            batch.ids.push(id);
-            batch.targets.push(location.clone());
         }
         Ok(Ok(batch))
-    }
-
-    fn read_failure(
-        &self,
-        shared: &Shared,
-        at: &Location,
-        e: mongodb::error::Error,
-    ) -> WorkerError {
-        WorkerError::Invalid {
-            migration: shared.migration,
-            message: format!("reading {at}: {e}"),
-        }
     }
 
     /// Fails the migration with `reason` (an invariant would break); workers stop, the
@@ -743,28 +757,31 @@ impl Worker {
     ) -> Result<(), WorkerError> {
         let mut failures = 0_u32;
         while shared.runnable.load(Ordering::SeqCst) && !*shutdown.borrow() {
-            let token = Uuid::new_v4();
+            let claim = Claim {
+                token: Uuid::new_v4(),
+                owner: self.config.name.clone(),
+                ttl: self.config.lease_ttl,
+                fence_margin: self.fence_margin(),
+            };
+            let token = claim.token;
             let waves = shared.settings.lock().unwrap().cleanup_waves;
             let bound = self
                 .store
                 .claim_bound(shared.migration, shared.task, waves)
                 .await?;
+            let claimed_at = Instant::now();
             let Some(p) = self
                 .store
-                .claim_partition(
-                    shared.migration,
-                    shared.task.as_str(),
-                    token,
-                    &self.config.name,
-                    self.config.lease_ttl,
-                    bound,
-                )
+                .claim_partition(shared.migration, shared.task, &claim, bound)
                 .await?
             else {
                 return Ok(());
             };
             tracing::debug!(partition = p.id, source = %p.source_shard, "partition claimed");
-            match self.work_partition(&shared, &p, token, &shutdown).await? {
+            match self
+                .work_partition(&shared, &p, token, claimed_at, &shutdown)
+                .await?
+            {
                 PartitionEnd::Done => {
                     failures = 0;
                     shared
@@ -803,59 +820,37 @@ impl Worker {
         Ok(())
     }
 
-    /// Reads one partition through one cursor and copies it batch by batch.
+    /// Reads one partition through one cursor and writes it batch by batch, every batch
+    /// ending by the partition lease's deadline.
     async fn work_partition(
         &self,
         shared: &Arc<Shared>,
         p: &Partition,
         token: Uuid,
+        claimed_at: Instant,
         shutdown: &watch::Receiver<bool>,
     ) -> Result<PartitionEnd, WorkerError> {
         let invalid = |message: String| WorkerError::Invalid {
             migration: shared.migration,
             message: format!("partition {}: {message}", p.id),
         };
-        let bracket = Bracket::parse(&p.id_type)
-            .ok_or_else(|| invalid(format!("unknown _id type {:?}", p.id_type)))?;
-        let decode =
-            |b: &Option<Vec<u8>>| b.as_deref().map(ids::decode).transpose().map_err(invalid);
-        let lower = decode(&p.lower_bound)?;
-        let upper = decode(&p.upper_bound)?;
-        let mut resume = decode(&p.last_id)?;
-        let location = Location::new(p.source_shard.clone(), p.source_collection.clone());
-        let Some(db) = self.shards.get(&p.source_shard) else {
-            return Err(invalid(format!(
-                "source shard {:?} has no connection",
-                p.source_shard
-            )));
-        };
-        let mut filter = match &p.tenant_filter {
-            // The revert copier reads what reshard wrote in a target location.
-            _ if shared.task == Task::Revert => doc! { crate::router::META: { "$exists": true } },
-            Some(tenants) => {
-                let tenants: Vec<KeyValue> = serde_json::from_value(tenants.clone())
-                    .map_err(|e| invalid(format!("tenant filter unreadable: {e}")))?;
-                plan::tenant_filter(&shared.from.tenant_key, &tenants)
-            }
-            None => Document::new(),
-        };
-        filter.extend(ids::range_filter(
-            bracket,
-            lower.as_ref(),
-            resume.as_ref(),
-            upper.as_ref(),
-        ));
+        let location = p.location();
+        let filter = plan::partition_filter(&shared.from, p, true).map_err(invalid)?;
 
-        // The lease is extended by every checkpoint and, while a batch takes long, by this.
+        // The lease, on this worker's monotonic clock: extended by every checkpoint and, while
+        // a batch takes long, by the keeper. Its deadline (a fence margin before it ends)
+        // bounds every write ([`BulkWriter::write_until`]).
+        let lease = Arc::new(Mutex::new(claimed_at + self.config.lease_ttl));
         let lost = Arc::new(AtomicBool::new(false));
         let keeper = {
             let (store, lost, ttl) = (self.store.clone(), lost.clone(), self.config.lease_ttl);
-            let id = p.id;
+            let (id, lease) = (p.id, lease.clone());
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(ttl / 3).await;
+                    let started = Instant::now();
                     match store.extend_partition_lease(id, token, ttl).await {
-                        Ok(true) => {}
+                        Ok(true) => *lease.lock().unwrap() = started + ttl,
                         Ok(false) => {
                             lost.store(true, Ordering::SeqCst);
                             return;
@@ -865,89 +860,19 @@ impl Worker {
                 }
             })
         };
-        let end = self
-            .copy_partition(
-                shared,
-                p,
-                token,
-                &location,
-                db,
-                filter,
-                &mut resume,
-                &lost,
-                shutdown,
-            )
-            .await;
-        keeper.abort();
-        end
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn copy_partition(
-        &self,
-        shared: &Arc<Shared>,
-        p: &Partition,
-        token: Uuid,
-        location: &Location,
-        db: &Database,
-        filter: Document,
-        resume: &mut Option<Bson>,
-        lost: &AtomicBool,
-        shutdown: &watch::Receiver<bool>,
-    ) -> Result<PartitionEnd, WorkerError> {
-        let coll = db.collection::<Document>(&location.collection);
-        let batch_size = shared.batch_size();
-        let cursor = match coll
-            .find(filter)
-            .sort(doc! { "_id": 1 })
-            .batch_size(batch_size.min(u32::MAX as usize) as u32)
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => return Ok(PartitionEnd::Retry(format!("reading {location}: {e}"))),
-        };
-        // Read-ahead: the next batch is read while this one is written. One batch ahead at
-        // most, so memory stays at two batches per partition loop.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<Document>, String>>(1);
-        let reader = {
+        let _keeper = AbortOnDrop(keeper);
+        let batch_size: Arc<dyn Fn() -> usize + Send + Sync> = {
             let shared = shared.clone();
-            let location = location.clone();
-            tokio::spawn(async move {
-                let mut cursor = cursor;
-                loop {
-                    let batch_size = shared.batch_size();
-                    let mut docs = Vec::with_capacity(batch_size);
-                    let mut failed = None;
-                    while docs.len() < batch_size {
-                        match cursor.try_next().await {
-                            Ok(Some(d)) => docs.push(d),
-                            Ok(None) => break,
-                            Err(e) => {
-                                failed = Some(format!("reading {location}: {e}"));
-                                break;
-                            }
-                        }
-                    }
-                    let end = docs.len() < batch_size || failed.is_some();
-                    if !docs.is_empty() && tx.send(Ok(docs)).await.is_err() {
-                        return;
-                    }
-                    if let Some(e) = failed {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                    if end {
-                        return;
-                    }
-                }
-            })
+            Arc::new(move || shared.batch_size())
         };
-        let _reader = AbortOnDrop(reader);
+        let mut scan = match self.shards.scan(&location, filter, batch_size).await {
+            Ok(scan) => scan,
+            Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
+        };
         loop {
-            let docs = match rx.recv().await {
-                Some(Ok(docs)) => docs,
-                Some(Err(e)) => return Ok(PartitionEnd::Retry(e)),
-                None => Vec::new(),
+            let docs = match scan.next_batch().await {
+                Ok(docs) => docs,
+                Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
             };
             if docs.is_empty() {
                 return Ok(if self.store.finish_partition(p.id, token).await? {
@@ -970,12 +895,13 @@ impl Worker {
                 .unwrap_or(Bson::Null);
             let prepared = match shared.task {
                 Task::Backfill => {
-                    prepare_batch(&shared.from, &shared.to, location, shared.epoch, docs)
+                    prepare_batch(&shared.from, &shared.to, &location, shared.epoch, docs)
                 }
                 Task::Revert => {
-                    prepare_revert(&shared.from, &shared.to, shared.migration, location, docs)
+                    prepare_revert(&shared.from, &shared.to, shared.migration, &location, docs)
                 }
-                Task::Cleanup => match self.prepare_cleanup(shared, location, docs).await? {
+                Task::Verify => unreachable!("workers do not serve verify partitions"),
+                Task::Cleanup => match self.prepare_cleanup(shared, &location, docs).await? {
                     Ok(prepared) => prepared,
                     Err(missing) => {
                         self.fail_migration(shared, &missing).await?;
@@ -984,10 +910,16 @@ impl Worker {
                     }
                 },
             };
+            let deadline = lease
+                .lock()
+                .unwrap()
+                .checked_sub(self.fence_margin())
+                .map(tokio::time::Instant::from_std)
+                .unwrap_or_else(tokio::time::Instant::now);
             let started = Instant::now();
             let report = shared
                 .writer()
-                .write(prepared.statements)
+                .write_until(prepared.statements, Some(deadline))
                 .await
                 .map_err(|e| WorkerError::Invalid {
                     migration: shared.migration,
@@ -999,6 +931,12 @@ impl Worker {
                 .fetch_add(report.retries as i64, Ordering::Relaxed);
             c.overloads
                 .fetch_add(report.overload_events as i64, Ordering::Relaxed);
+            if report.counts.expired > 0 {
+                // Past the lease's deadline: nothing of this batch may be recorded, and the
+                // partition is not released either: it is taken over only once the lease and
+                // its fence margin have passed, when nothing sent can land any more.
+                return Ok(PartitionEnd::LeaseLost);
+            }
             if shared
                 .rate
                 .lock()
@@ -1019,6 +957,7 @@ impl Worker {
                     StatementResult::AlreadyPresent | StatementResult::DroppedDuplicate { .. } => {
                         checkpoint.already_present += 1
                     }
+                    StatementResult::Expired => unreachable!("handled above"),
                     StatementResult::DeadLettered {
                         class: FailureClass::Permanent,
                         code,
@@ -1053,6 +992,7 @@ impl Worker {
                 }
             }
             checkpoint.last_id = ids::encode(&last_id);
+            let checkpointing = Instant::now();
             if lost.load(Ordering::SeqCst)
                 || !self
                     .store
@@ -1061,7 +1001,7 @@ impl Worker {
             {
                 return Ok(PartitionEnd::LeaseLost);
             }
-            *resume = Some(last_id);
+            *lease.lock().unwrap() = checkpointing + self.config.lease_ttl;
             c.documents.fetch_add(
                 checkpoint.scanned + checkpoint.skipped_foreign,
                 Ordering::Relaxed,
@@ -1072,6 +1012,12 @@ impl Worker {
                 return Ok(PartitionEnd::Released);
             }
         }
+    }
+
+    /// How long before its partition lease ends a worker stops writing (and how long after it
+    /// another worker may take the partition over): a fifth of the lease.
+    fn fence_margin(&self) -> Duration {
+        self.config.lease_ttl / 5
     }
 }
 
@@ -1123,15 +1069,54 @@ pub struct PreparedBatch {
     pub checkpoint: Checkpoint,
 }
 
-/// Decides, for each document read at `location`, what the backfill does with it. Pure.
+impl PreparedBatch {
+    /// Adds the statement of a protocol step. A step that does not fit its document is a bug
+    /// in the decisions: it becomes a dead letter naming it, so nothing is written blindly
+    /// and the ledger still balances.
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        step: Step<Document, Document>,
+        kind: Kind,
+        id: &Bson,
+        scanned: &Location,
+        d: &Disposition,
+        image: Option<&Document>,
+        context: &steps::Context<'_>,
+    ) {
+        match steps::statement(step, id, scanned, d, image, context) {
+            Ok(statement) => {
+                self.targets.push(statement.location.clone());
+                self.statements.push(statement);
+                self.kinds.push(kind);
+                self.ids.push(id.clone());
+            }
+            Err(e) => {
+                self.checkpoint.dead_lettered += 1;
+                self.checkpoint.dead_letters.push(NewDeadLetter {
+                    doc_id: ids::encode(id),
+                    doc_id_text: ids::text(id),
+                    target: None,
+                    code: None,
+                    code_name: None,
+                    message: e.to_string(),
+                    attempts: 1,
+                });
+            }
+        }
+    }
+}
+
+/// The backfill's batch: for each document read at `location`, its disposition
+/// ([`disposition::of`]) and the protocol's decision ([`protocol::backfill_action`]), the
+/// step it asks for turned into a statement ([`crate::copy::steps::statement`]). Pure.
 ///
-/// - a tombstone, or a document the source version does not place here (the target layout's
-///   own documents in a collection both layouts share): not a source document, not counted in
-///   the ledger (`skipped_foreign`);
-/// - a document the target version places elsewhere: an insert of its copy there;
+/// - a document that moves: the insert-if-absent of its pristine copy at its target;
 /// - a document that stays: its routing field stamped when missing or different, else
 ///   nothing to do (`already_present`);
-/// - a document that cannot be routed (no tenant key, an unsupported key type): a dead letter.
+/// - a tombstone, or a document of the other layout in a collection both share: not a source
+///   document, outside the ledger (`skipped_foreign`);
+/// - a document that cannot be routed: a dead letter.
 pub fn prepare_batch(
     from: &RoutingVersion,
     to: &RoutingVersion,
@@ -1139,18 +1124,30 @@ pub fn prepare_batch(
     epoch: i64,
     docs: Vec<Document>,
 ) -> PreparedBatch {
+    let context = steps::Context {
+        from,
+        to,
+        migration: 0,
+        epoch,
+    };
     let mut batch = PreparedBatch::default();
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        if is_tombstone(&doc) {
-            batch.checkpoint.skipped_foreign += 1;
-            continue;
+        let d = disposition::of(Side::Source, from, to, location, &doc);
+        if d.is_source_document() {
+            batch.checkpoint.scanned += 1;
         }
-        let routed = route(from, to, &doc);
-        let (source_here, target) = match routed {
-            Ok(r) => r,
-            Err(message) => {
-                batch.checkpoint.scanned += 1;
+        match protocol::backfill_action(&d, doc, envelope::stamp) {
+            BackfillAction::Write(step) => {
+                let kind = match step {
+                    Step::UpdateLive(..) => Kind::Stamp,
+                    _ => Kind::Copy,
+                };
+                batch.push(step, kind, &id, location, &d, None, &context);
+            }
+            BackfillAction::InPlace => batch.checkpoint.already_present += 1,
+            BackfillAction::Skip => batch.checkpoint.skipped_foreign += 1,
+            BackfillAction::DeadLetter(message) => {
                 batch.checkpoint.dead_lettered += 1;
                 batch.checkpoint.dead_letters.push(NewDeadLetter {
                     doc_id: ids::encode(&id),
@@ -1161,50 +1158,17 @@ pub fn prepare_batch(
                     message,
                     attempts: 1,
                 });
-                continue;
             }
-        };
-        let (target_location, located) = target;
-        if !source_here.contains(location) {
-            batch.checkpoint.skipped_foreign += 1;
-            continue;
         }
-        batch.checkpoint.scanned += 1;
-        if &target_location == location {
-            match to.routing_field() {
-                Some(field) if doc.get(field) != Some(&Bson::Int32(located.sub_bucket as i32)) => {
-                    let set = doc! { "$set": { field: located.sub_bucket as i32 } };
-                    batch.statements.push(Statement::update(
-                        target_location.clone(),
-                        id.clone(),
-                        set,
-                        false,
-                    ));
-                    batch.kinds.push(Kind::Stamp);
-                    batch.ids.push(id);
-                    batch.targets.push(target_location);
-                }
-                _ => batch.checkpoint.already_present += 1,
-            }
-            continue;
-        }
-        let copy = copy_document(doc, to, &located, epoch);
-        batch.statements.push(Statement::new(
-            target_location.clone(),
-            id.clone(),
-            crate::copy::WriteOp::Insert(copy),
-        ));
-        batch.kinds.push(Kind::Copy);
-        batch.ids.push(id);
-        batch.targets.push(target_location);
     }
     batch
 }
 
 /// The revert copier's batch: what reshard wrote at target location `location` goes back to
-/// the source. A pristine copy needs nothing (the source holds the original); a document the
-/// application wrote, or a tombstone, replaces the source document when it is newer by
-/// revision (a router mirroring the same write may have been first). Pure.
+/// the source ([`protocol::revert_action`]): a pristine copy needs nothing (the source holds
+/// the original); a document the application wrote, or a tombstone, replaces the source
+/// document when it is newer by revision (a router mirroring the same write may have been
+/// first). Pure.
 pub fn prepare_revert(
     from: &RoutingVersion,
     to: &RoutingVersion,
@@ -1212,55 +1176,35 @@ pub fn prepare_revert(
     location: &Location,
     docs: Vec<Document>,
 ) -> PreparedBatch {
-    let meta = crate::router::META;
+    let context = steps::Context {
+        from,
+        to,
+        migration,
+        epoch: 0,
+    };
     let mut batch = PreparedBatch::default();
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        let routed = to.document_keys(&doc).ok().and_then(|(tenant, key)| {
-            Some((
-                to.locate(&tenant, &key).ok()?,
-                from.locate(&tenant, &key).ok()?,
-            ))
-        });
-        let Some((target, source)) = routed else {
-            batch.checkpoint.skipped_foreign += 1;
-            continue;
-        };
-        if !target.locations.contains(location) {
-            batch.checkpoint.skipped_foreign += 1;
-            continue;
+        let d = disposition::of(Side::Target, from, to, location, &doc);
+        match protocol::revert_action::<Document, Document>(&d) {
+            RevertAction::Write(step) => {
+                batch.checkpoint.scanned += 1;
+                batch.push(step, Kind::Mirror, &id, location, &d, Some(&doc), &context);
+            }
+            RevertAction::InPlace => {
+                batch.checkpoint.scanned += 1;
+                batch.checkpoint.already_present += 1;
+            }
+            RevertAction::Skip => batch.checkpoint.skipped_foreign += 1,
         }
-        batch.checkpoint.scanned += 1;
-        let src = doc
-            .get_document(meta)
-            .ok()
-            .and_then(|m| m.get_str("src").ok().map(str::to_owned));
-        if src.as_deref() == Some("copy") && !is_tombstone(&doc) {
-            batch.checkpoint.already_present += 1;
-            continue;
-        }
-        let (filter, doc) =
-            crate::router::mirror_write(doc, migration, from, to, source.sub_bucket);
-        let back = source.locations[0].clone();
-        batch.statements.push(Statement::new(
-            back.clone(),
-            id.clone(),
-            crate::copy::WriteOp::Update {
-                filter,
-                update: crate::copy::writer::Modification::Document(doc),
-                upsert: true,
-            },
-        ));
-        batch.kinds.push(Kind::Mirror);
-        batch.ids.push(id);
-        batch.targets.push(back);
     }
     batch
 }
 
-/// Cleanup's decision for the documents of one batch, before the target is consulted: which
-/// are source documents that moved (and where to), and what is settled without a lookup
-/// (documents that never move are kept; skipped dead letters are kept; foreign documents are
+/// Cleanup's decision for the documents of one batch, before the target is consulted
+/// ([`protocol::cleanup_action`]): which are source documents that moved (and where to), and
+/// what is settled without a lookup (documents that never move, cannot be routed, or whose
+/// dead letter an operator skipped are kept; tombstones and the other layout's documents are
 /// outside the ledger). Pure.
 pub fn cleanup_candidates(
     from: &RoutingVersion,
@@ -1268,53 +1212,31 @@ pub fn cleanup_candidates(
     location: &Location,
     skipped: &std::collections::HashSet<String>,
     docs: &[Document],
-) -> (Checkpoint, Vec<(Bson, Location)>) {
+) -> (Checkpoint, Vec<(Bson, Disposition)>) {
     let mut checkpoint = Checkpoint::default();
     let mut moved = Vec::new();
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        if is_tombstone(doc) {
-            checkpoint.skipped_foreign += 1;
-            continue;
+        let d = disposition::of(Side::Source, from, to, location, doc);
+        match protocol::cleanup_action(&d, skipped.contains(&ids::text(&id))) {
+            CleanupAction::LookUp => {
+                checkpoint.scanned += 1;
+                moved.push((id, d));
+            }
+            CleanupAction::Keep => {
+                checkpoint.scanned += 1;
+                checkpoint.kept += 1;
+            }
+            CleanupAction::Skip => checkpoint.skipped_foreign += 1,
         }
-        let Ok((source_here, (target, _))) = route(from, to, doc) else {
-            // It could not be routed, so it was never copied: it stays.
-            checkpoint.scanned += 1;
-            checkpoint.kept += 1;
-            continue;
-        };
-        if !source_here.contains(location) {
-            checkpoint.skipped_foreign += 1;
-            continue;
-        }
-        checkpoint.scanned += 1;
-        if &target == location || skipped.contains(&ids::text(&id)) {
-            checkpoint.kept += 1;
-            continue;
-        }
-        moved.push((id, target));
     }
     (checkpoint, moved)
-}
-
-type Routed = (Vec<Location>, (Location, crate::routing::Located));
-
-fn route(from: &RoutingVersion, to: &RoutingVersion, doc: &Document) -> Result<Routed, String> {
-    let (tenant, id) = from.document_keys(doc)?;
-    let source = from.locate(&tenant, &id).map_err(|e| e.to_string())?;
-    let target = to.locate(&tenant, &id).map_err(|e| e.to_string())?;
-    let first = target
-        .locations
-        .first()
-        .cloned()
-        .ok_or_else(|| "the target version names no location".to_owned())?;
-    Ok((source.locations, (first, target)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::{Layout, PlacementRange, TenantBuckets};
+    use crate::routing::{KeyValue, Layout, PlacementRange, TenantBuckets};
 
     fn version(
         hot_buckets: u32,

@@ -4,6 +4,7 @@
 mod db;
 mod deadletter;
 mod migration;
+mod progress;
 mod reconcile;
 mod route;
 mod routers;
@@ -26,7 +27,10 @@ pub struct Ctx {
 
 pub async fn run(cli: Cli) -> Result<()> {
     let url = database_url(&cli)?;
-    let actor = cli.actor.clone().unwrap_or_else(default_actor);
+    let actor = cli
+        .actor
+        .clone()
+        .unwrap_or_else(crate::identity::default_actor);
     let output = cli.output;
     match cli.command {
         Command::Db(cmd) => db::run(&url, output, cmd).await,
@@ -43,16 +47,6 @@ pub async fn run(cli: Cli) -> Result<()> {
             reconcile::repair(&ctx(url, output, actor).await?, id, run).await
         }
     }
-}
-
-/// A database handle per registered shard (see [`crate::shards::databases`]).
-pub async fn shard_databases(
-    ctx: &Ctx,
-    bulk_writer: bool,
-) -> Result<std::collections::BTreeMap<String, mongodb::Database>> {
-    crate::shards::databases(ctx.store.shards().await?, bulk_writer)
-        .await
-        .map_err(|e| Error::bad_input(e.to_string()))
 }
 
 async fn ctx(url: String, output: OutputFormat, actor: String) -> Result<Ctx> {
@@ -74,21 +68,4 @@ fn database_url(cli: &Cli) -> Result<String> {
                  (or DATABASE_URL)",
             )
         })
-}
-
-fn default_actor() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("USERNAME"))
-        .unwrap_or_else(|_| "unknown".to_owned());
-    format!("{user}@{}", hostname())
-}
-
-/// This machine's name, for the event log and router registrations.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_owned())
 }

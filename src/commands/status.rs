@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::output;
 use crate::phase::Phase;
 use crate::settings::MigrationSettings;
-use crate::store::partitions::{Partition, TaskTotals};
+use crate::store::events::EventKind;
+use crate::store::partitions::{Partition, PartitionState, Task, TaskTotals};
 use crate::store::workers::WorkerRow;
 
 /// Per source location, summed over its partitions.
@@ -48,18 +49,21 @@ struct Snapshot {
 async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<WorkerRow>)> {
     let m = ctx.store.migration(id).await?;
     let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
-    let partitions = ctx.store.partitions(id, "backfill").await?;
-    let totals = ctx.store.task_totals(id, "backfill").await?;
-    let cleanup = ctx.store.task_totals(id, "cleanup").await?;
-    let revert = ctx.store.task_totals(id, "revert").await?;
+    let partitions = ctx.store.partitions(id, Task::Backfill).await?;
+    let totals = ctx.store.task_totals(id, Task::Backfill).await?;
+    let cleanup = ctx.store.task_totals(id, Task::Cleanup).await?;
+    let revert = ctx.store.task_totals(id, Task::Revert).await?;
     let workers = ctx.store.workers(id).await?;
     let open_dead_letters = ctx.store.dead_letters(id, false).await?.len();
     let events = ctx.store.events(id).await?;
     let capacity: Vec<_> = events
         .iter()
-        .filter(|e| e.kind == "capacity_signal")
+        .filter(|e| e.kind == EventKind::CapacitySignal)
         .collect();
-    let rate_cut_events = events.iter().filter(|e| e.kind == "rate_cut").count();
+    let rate_cut_events = events
+        .iter()
+        .filter(|e| e.kind == EventKind::RateCut)
+        .count();
 
     let mut shards: BTreeMap<(String, String), ShardProgress> = BTreeMap::new();
     for p in &partitions {
@@ -77,7 +81,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
                 ..ShardProgress::default()
             });
         s.partitions += 1;
-        s.partitions_done += i64::from(p.state == "done");
+        s.partitions_done += i64::from(p.state == PartitionState::Done);
         s.approx_documents_to_copy += p.approx_documents.unwrap_or(0);
         s.documents_scanned += p.scanned;
         s.documents_copied += p.inserted;
@@ -360,7 +364,7 @@ fn print_partitions(partitions: &[Partition]) {
                 p.id.to_string(),
                 format!("{}/{}", p.source_shard, p.source_collection),
                 p.id_type.clone(),
-                p.state.clone(),
+                format!("{:?}", p.state).to_lowercase(),
                 output::or_dash(p.lease_owner.clone()),
                 p.scanned.to_string(),
                 p.inserted.to_string(),

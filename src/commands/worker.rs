@@ -17,7 +17,7 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
     }
     let name = args
         .name
-        .unwrap_or_else(|| format!("{}:{}", super::hostname(), std::process::id()));
+        .unwrap_or_else(|| format!("{}:{}", crate::identity::hostname(), std::process::id()));
     let mut config = WorkerConfig::new(name.clone());
     config.migration = args.migration;
     config.concurrency = usize::from(args.concurrency);

@@ -167,6 +167,23 @@ pub enum FailureClass {
     Permanent,
 }
 
+/// A driver error that is a duplicate key on `_id` (a document with the id exists), and not on
+/// another unique index.
+pub fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
+    let failure = match error.kind.as_ref() {
+        ErrorKind::Write(mongodb::error::WriteFailure::WriteError(we)) => {
+            let mut f = WriteFailure::new(FailureOrigin::WriteError, Some(we.code), &we.message);
+            f.key_pattern = we
+                .details
+                .as_ref()
+                .and_then(|d| d.get_document("keyPattern").ok().cloned());
+            f
+        }
+        _ => failure_from_error(error),
+    };
+    classify(&failure) == FailureClass::AlreadyPresent
+}
+
 /// Decides what a failure means, from its label set and code only.
 ///
 /// In order: the `SystemOverloadedError` label is overload whatever the code (an overloaded

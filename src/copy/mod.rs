@@ -14,6 +14,7 @@
 //! knows where its statements came from nor records anything in Postgres.
 
 pub mod classify;
+pub mod steps;
 pub mod writer;
 
 pub use classify::{classify, FailureClass, FailureOrigin, WriteFailure};

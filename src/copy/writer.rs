@@ -226,6 +226,10 @@ pub enum StatementResult {
         /// The index (in the batch) of the statement that was sent instead.
         kept: usize,
     },
+    /// Not settled by the batch's deadline (the worker's partition lease): it may or may not
+    /// have been applied (by the deadline, never later). The batch must not be checkpointed;
+    /// whoever takes the partition over re-executes it.
+    Expired,
     /// It failed permanently, or transiently on every attempt: record it as a dead letter.
     DeadLettered {
         /// The server's code of the last failure (`None`: no answer).
@@ -413,6 +417,8 @@ pub struct BatchCounts {
     pub duplicates_dropped: u64,
     /// [`StatementResult::DeadLettered`]
     pub dead_lettered: u64,
+    /// [`StatementResult::Expired`]
+    pub expired: u64,
 }
 
 /// The outcome of [`BulkWriter::write`].
@@ -520,6 +526,19 @@ impl BulkWriter {
     /// once), retries failed statements, and reports per statement. Fails only when a
     /// statement names an unknown shard, before anything is sent.
     pub async fn write(&self, statements: Vec<Statement>) -> Result<BatchReport, WriterError> {
+        self.write_until(statements, None).await
+    }
+
+    /// [`BulkWriter::write`], ending by `deadline`: no command is sent after it, each command
+    /// carries `maxTimeMS` until it and is waited for only until it (so nothing of the batch
+    /// lands later than it plus a command's transit), and what is not settled by then is
+    /// [`StatementResult::Expired`]. Workers pass their partition lease's deadline, so a
+    /// worker that stalls cannot write after another took its partition over.
+    pub async fn write_until(
+        &self,
+        statements: Vec<Statement>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<BatchReport, WriterError> {
         let started = Instant::now();
         for (index, statement) in statements.iter().enumerate() {
             if !self.shards.contains_key(&statement.location.shard) {
@@ -549,7 +568,7 @@ impl BulkWriter {
         }
 
         let outcomes = join_all(groups.into_iter().map(|((location, kind), indices)| {
-            self.write_group(location, kind, indices, &statements, started)
+            self.write_group(location, kind, indices, &statements, started, deadline)
         }))
         .await;
 
@@ -574,6 +593,7 @@ impl BulkWriter {
                 StatementResult::AlreadyPresent => counts.already_present += 1,
                 StatementResult::DroppedDuplicate { .. } => counts.duplicates_dropped += 1,
                 StatementResult::DeadLettered { .. } => counts.dead_lettered += 1,
+                StatementResult::Expired => counts.expired += 1,
             }
         }
         report.retries = report.shards.values().map(|s| s.retries).sum();
@@ -593,6 +613,7 @@ impl BulkWriter {
         indices: Vec<usize>,
         statements: &[Statement],
         started: Instant,
+        deadline: Option<tokio::time::Instant>,
     ) -> GroupOutcome {
         let shard = &self.shards[&location.shard];
         let policy = self.options.retry;
@@ -620,6 +641,14 @@ impl BulkWriter {
         let mut pending: Vec<usize> = (0..encoded.len()).collect();
         let mut attempt: u32 = 1;
         while !pending.is_empty() {
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                for position in pending {
+                    outcome
+                        .results
+                        .push((encoded[position].0, StatementResult::Expired));
+                }
+                break;
+            }
             let sizes: Vec<usize> = pending
                 .iter()
                 .map(|&p| encoded[p].1.as_bytes().len())
@@ -654,7 +683,7 @@ impl BulkWriter {
                     chunk.iter().map(|&p| &encoded[p].1),
                     &self.options.write_concern,
                 );
-                send(shard, command)
+                send(shard, command, deadline)
             }))
             .await;
 
@@ -664,12 +693,22 @@ impl BulkWriter {
                 outcome.report.statements_sent += chunk.len() as u64;
                 outcome.report.latencies.push(latency);
                 let failures: Vec<(usize, WriteFailure)> = match reply {
+                    // No answer by the deadline: each statement of the command may have
+                    // landed, by then.
+                    Err(Sent::Expired) => {
+                        for &position in chunk {
+                            outcome
+                                .results
+                                .push((encoded[position].0, StatementResult::Expired));
+                        }
+                        continue;
+                    }
                     Ok(reply) => {
                         let parsed = failures_from_reply(&reply, chunk.len());
                         outcome.affected += parsed.n;
                         parsed.failures
                     }
-                    Err(error) => {
+                    Err(Sent::Failed(error)) => {
                         let failure = failure_from_error(&error);
                         (0..chunk.len()).map(|i| (i, failure.clone())).collect()
                     }
@@ -728,7 +767,12 @@ impl BulkWriter {
                 policy.max_delay,
                 &mut rand::thread_rng(),
             );
-            tokio::time::sleep(delay).await;
+            match deadline {
+                Some(d) => {
+                    tokio::time::sleep_until(d.min(tokio::time::Instant::now() + delay)).await
+                }
+                None => tokio::time::sleep(delay).await,
+            }
             attempt += 1;
             pending = retry.into_iter().map(|(position, _)| position).collect();
         }
@@ -737,19 +781,41 @@ impl BulkWriter {
     }
 }
 
+/// Why a command has no reply.
+enum Sent {
+    /// The deadline came first (before sending, or before the answer).
+    Expired,
+    Failed(mongodb::error::Error),
+}
+
 /// Sends one command, holding one of the shard's in-flight permits; returns the reply and the
-/// round-trip time (the wait for the permit excluded).
+/// round-trip time (the wait for the permit excluded). With a deadline, the command carries
+/// `maxTimeMS` until it and is waited for only until it.
 async fn send(
     shard: &Shard,
-    command: RawDocumentBuf,
-) -> (mongodb::error::Result<Document>, Duration) {
+    mut command: RawDocumentBuf,
+    deadline: Option<tokio::time::Instant>,
+) -> (Result<Document, Sent>, Duration) {
     let _permit = shard
         .in_flight
         .acquire()
         .await
         .expect("the in-flight semaphore is never closed");
     let sent = Instant::now();
-    let reply = shard.database.run_raw_command(command).await;
+    let Some(deadline) = deadline else {
+        let reply = shard.database.run_raw_command(command).await;
+        return (reply.map_err(Sent::Failed), sent.elapsed());
+    };
+    let now = tokio::time::Instant::now();
+    if now >= deadline {
+        return (Err(Sent::Expired), Duration::ZERO);
+    }
+    command.append("maxTimeMS", (deadline - now).as_millis().max(1) as i64);
+    let reply =
+        match tokio::time::timeout_at(deadline, shard.database.run_raw_command(command)).await {
+            Err(_) => Err(Sent::Expired),
+            Ok(reply) => reply.map_err(Sent::Failed),
+        };
     (reply, sent.elapsed())
 }
 

@@ -6,22 +6,17 @@
 //! operation cut short that way reports [`RouterError::RoutingStale`] when it had only read,
 //! and [`RouterError::OutcomeUnknown`] when a write of it may have landed.
 
-use mongodb::bson::{doc, Bson, DateTime, Document};
-use mongodb::error::{ErrorKind, WriteFailure};
+use mongodb::bson::{doc, Bson, Document};
 use mongodb::Database;
 use tokio::time::Instant;
 
 use super::{Inner, RouterError, Snapshot};
+use crate::envelope::{self, is_tombstone, revision, META};
 use crate::protocol::{
     Answer, Found, Interrupted, Next, Operation, OperationMachine, Outcome, Payload, Side, Step,
 };
 use crate::routing::{KeyValue, Located, Location, RoutingVersion};
 use crate::shards::command::{self, CommandError, Written};
-
-/// The field every document written through reshard carries: `{src, epoch}` and, on a
-/// tombstone, `{deleted: true, at, epoch}`.
-pub const META: &str = "_reshard";
-const DUPLICATE_KEY: i32 = 11000;
 
 /// The keys of the document an operation addresses, as given and as routing keys.
 pub struct Keys<'a> {
@@ -144,8 +139,8 @@ async fn execute(
     let v = version(snapshot, side);
     let located = v.locate(keys.tenant_key, keys.id_key)?;
     let by_id = doc! { "_id": keys.id.clone() };
-    let live = doc! { "_id": keys.id.clone(), format!("{META}.deleted"): { "$ne": true } };
-    let tombstone = doc! { "_id": keys.id.clone(), format!("{META}.deleted"): true };
+    let live = envelope::live(keys.id);
+    let tombstone = envelope::tombstone_of(keys.id);
     if let Step::Find(_) = step {
         for location in &located.locations {
             let found = command::find_one(
@@ -225,7 +220,7 @@ async fn execute(
             Answer::Matched(w.matched())
         }
         Step::UpdateLive(_, update) => {
-            let update = stamp_update(update, snapshot, v, &located);
+            let update = envelope::app_update(update, v, located.sub_bucket, snapshot.epoch);
             let w = command::update_one(db, coll, live, update, false, wc, deadline)
                 .await
                 .map_err(command_error)?;
@@ -268,7 +263,7 @@ async fn mirror_to_source(
         return Ok(Answer::Matched(false));
     };
     let source = snapshot.source.locate(keys.tenant_key, keys.id_key)?;
-    let (filter, image) = mirror_write(
+    let (filter, image) = envelope::mirror(
         image,
         snapshot.migration_id.unwrap_or(0),
         &snapshot.source,
@@ -326,19 +321,6 @@ async fn replace_next_revision(
     }
 }
 
-/// A document's revision: `_reshard.rev`; 0 for pristine copies and for documents never
-/// written through reshard.
-pub fn revision(doc: &Document) -> i64 {
-    doc.get_document(META)
-        .ok()
-        .and_then(|m| match m.get("rev") {
-            Some(Bson::Int32(r)) => Some(i64::from(*r)),
-            Some(Bson::Int64(r)) => Some(*r),
-            _ => None,
-        })
-        .unwrap_or(0)
-}
-
 fn step_event<D, U>(step: &Step<D, U>, side: Side) -> super::StepEvent {
     let payload_name = |p: &Payload<D>| match p {
         Payload::App(_) => "app",
@@ -379,85 +361,9 @@ fn step_side<D, U>(step: &Step<D, U>) -> Side {
     }
 }
 
-pub fn is_tombstone(doc: &Document) -> bool {
-    doc.get_document(META)
-        .ok()
-        .and_then(|m| m.get_bool("deleted").ok())
-        .unwrap_or(false)
-}
-
+/// A duplicate key on `_id`.
 pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
-    match e.kind.as_ref() {
-        ErrorKind::Write(WriteFailure::WriteError(we)) => we.code == DUPLICATE_KEY,
-        ErrorKind::Command(ce) => ce.code == DUPLICATE_KEY,
-        _ => false,
-    }
-}
-
-/// The document as the application sees it: without reshard's bookkeeping.
-pub fn strip_metadata(mut doc: Document) -> Document {
-    doc.remove(META);
-    doc
-}
-
-/// What a mirror writes to the source for a target `image` of migration `migration`: the
-/// filter of a conditional replace (upsert) and the replacement.
-///
-/// Revisions are counted by the target, so they are compared only between documents this
-/// migration mirrored (`_reshard.mig`): the newer one wins. A source document this migration
-/// never mirrored was last written before its write switch, so any target version is newer.
-/// (Comparing raw revisions would let a source document's own revision, counted on the
-/// source before the switch, hide a newer target write that started its count afresh.)
-pub fn mirror_write(
-    mut image: Document,
-    migration: i64,
-    source: &RoutingVersion,
-    target: &RoutingVersion,
-    source_sub_bucket: u32,
-) -> (Document, Document) {
-    let rev = revision(&image);
-    let id = image.get("_id").cloned().unwrap_or(Bson::Null);
-    // The image takes the source layout's routing field, not the target's.
-    if let Some(field) = target.routing_field() {
-        image.remove(field);
-    }
-    if let Some(field) = source.routing_field() {
-        image.insert(field, source_sub_bucket as i32);
-    }
-    let mut meta = image.get_document(META).cloned().unwrap_or_default();
-    meta.insert("mig", migration);
-    image.insert(META, meta);
-    let filter = doc! {
-        "_id": id,
-        "$or": [
-            { format!("{META}.mig"): { "$ne": migration } },
-            { format!("{META}.rev"): { "$lt": rev } },
-        ],
-    };
-    (filter, image)
-}
-
-/// The name of reshard's metadata field (`_reshard`).
-pub fn exec_meta() -> &'static str {
-    META
-}
-
-/// The copy of a source document that the backfill (or a copy-on-write) puts in the target:
-/// the source document with the target's routing field and `_reshard: {src: "copy", epoch,
-/// rev}`, `rev` being the source document's revision (0 when it has none), so that
-/// revisions only grow across the two sides. Inserted only if absent, so it never overwrites what the application wrote.
-pub fn copy_document(
-    mut doc: Document,
-    version: &RoutingVersion,
-    located: &Located,
-    epoch: i64,
-) -> Document {
-    if let Some(field) = version.routing_field() {
-        doc.insert(field, located.sub_bucket as i32);
-    }
-    let rev = revision(&doc);
-    doc.insert(META, doc! { "src": "copy", "epoch": epoch, "rev": rev });
-    doc
+    crate::copy::classify::is_duplicate_key(e)
 }
 
 fn materialise(
@@ -468,65 +374,28 @@ fn materialise(
     payload: Payload<Document>,
     rev: i64,
 ) -> Document {
-    let (mut doc, meta) = match payload {
-        Payload::App(d) => (
-            d,
-            doc! { "src": "app", "epoch": snapshot.epoch, "rev": rev },
+    match payload {
+        Payload::App(d) => envelope::app_write(d, version, located.sub_bucket, snapshot.epoch, rev),
+        // A copy keeps the source document's revision, so revisions only grow across the
+        // sides: a mirror back to the source compares like with like.
+        Payload::Copy(d) => envelope::copy(d, version, located.sub_bucket, snapshot.epoch),
+        Payload::Tombstone => envelope::tombstone(
+            keys.id,
+            keys.tenant,
+            version,
+            located.sub_bucket,
+            snapshot.epoch,
+            rev,
         ),
-        Payload::Copy(d) => {
-            // A copy keeps the source document's revision, so revisions only grow across
-            // the sides: a mirror back to the source compares like with like.
-            let rev = revision(&d);
-            (
-                d,
-                doc! { "src": "copy", "epoch": snapshot.epoch, "rev": rev },
-            )
-        }
-        Payload::Tombstone => {
-            let mut d = doc! { "_id": keys.id.clone() };
-            d.insert(version.tenant_key.clone(), keys.tenant.clone());
-            (
-                d,
-                doc! {
-                    "deleted": true, "at": DateTime::now(), "epoch": snapshot.epoch, "rev": rev
-                },
-            )
-        }
-    };
-    if let Some(field) = version.routing_field() {
-        doc.insert(field, located.sub_bucket as i32);
     }
-    doc.insert(META, meta);
-    doc
-}
-
-fn stamp_update(
-    mut update: Document,
-    snapshot: &Snapshot,
-    version: &RoutingVersion,
-    located: &Located,
-) -> Document {
-    let mut set = update.get_document("$set").cloned().unwrap_or_default();
-    set.insert(format!("{META}.src"), "app");
-    set.insert(format!("{META}.epoch"), snapshot.epoch);
-    let mut inc = update.get_document("$inc").cloned().unwrap_or_default();
-    inc.insert(format!("{META}.rev"), 1_i64);
-    update.insert("$inc", inc);
-    if let Some(field) = version.routing_field() {
-        set.insert(field, located.sub_bucket as i32);
-    }
-    update.insert("$set", set);
-    update
 }
 
 /// Fields no write may set: the tenant key, the id, the routing fields, `_reshard`.
 fn immutable(snapshot: &Snapshot, path: &str) -> bool {
-    let mut fixed = vec!["_id", META, snapshot.target.tenant_key.as_str()];
-    fixed.extend(snapshot.source.routing_field());
-    fixed.extend(snapshot.target.routing_field());
-    fixed
-        .iter()
-        .any(|f| path == *f || path.starts_with(&format!("{f}.")))
+    let mut fields = Vec::new();
+    fields.extend(snapshot.source.routing_field());
+    fields.extend(snapshot.target.routing_field());
+    envelope::immutable(path, &snapshot.target.tenant_key, &fields)
 }
 
 /// A whole document the application writes may not carry reshard's bookkeeping.

@@ -10,8 +10,8 @@ use futures::{StreamExt, TryStreamExt};
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::Cursor;
 
-use super::exec::{is_tombstone, strip_metadata};
 use super::{Inner, RouterError, Snapshot};
+use crate::envelope::{is_tombstone, strip as strip_metadata};
 use crate::ids;
 use crate::phase::ReadPath;
 use crate::protocol::Side;

@@ -64,9 +64,7 @@ use crate::shards::Shards;
 use crate::store::routers::{Heartbeat, Renewal};
 use crate::store::{Store, StoreError, CHANNEL};
 
-pub use exec::{
-    copy_document, exec_meta, is_duplicate_key, is_tombstone, mirror_write, revision, META,
-};
+pub use exec::is_duplicate_key;
 pub use list::Page;
 use stats::OperationStats;
 
@@ -300,7 +298,7 @@ impl Router {
                 id,
                 collection,
                 &config.name,
-                &crate::commands::hostname(),
+                &crate::identity::hostname(),
                 std::process::id() as i32,
                 config.lease_ttl,
                 config.fence_margin(),
@@ -390,7 +388,7 @@ impl Router {
         let (tenant, id) = (tenant.into(), id.into());
         let outcome = self.run("get", &tenant, &id, Operation::Get).await?;
         Ok(match outcome {
-            Outcome::Read(doc) => doc.map(exec::strip_metadata),
+            Outcome::Read(doc) => doc.map(crate::envelope::strip),
             other => unreachable_outcome("get", other),
         })
     }
@@ -613,7 +611,7 @@ impl Inner {
                     self.id,
                     &self.collection,
                     &self.config.name,
-                    &crate::commands::hostname(),
+                    &crate::identity::hostname(),
                     std::process::id() as i32,
                     self.config.lease_ttl,
                     self.config.fence_margin(),

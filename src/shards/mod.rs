@@ -6,6 +6,7 @@
 //! and the workers' bulk writes through [`crate::copy::BulkWriter`] over the same handles.
 
 pub mod command;
+pub mod read;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -142,18 +143,4 @@ pub async fn ping(uri: &str, database: &str) -> Result<(), ShardConnectError> {
             database: database.to_owned(),
             reason: redact_uri(&e.to_string()),
         })
-}
-
-/// A database handle per shard, by shard name. With `bulk_writer`, the clients leave write
-/// retries to the bulk writer ([`writer_client`]).
-pub async fn databases(
-    shards: Vec<crate::store::shards::Shard>,
-    bulk_writer: bool,
-) -> Result<std::collections::BTreeMap<String, mongodb::Database>, ShardConnectError> {
-    let mut databases = std::collections::BTreeMap::new();
-    for shard in shards {
-        let client = connect(shard.uri.expose(), bulk_writer).await?;
-        databases.insert(shard.name, client.database(&shard.database));
-    }
-    Ok(databases)
 }

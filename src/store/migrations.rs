@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
 
+use super::events::{self, EventKind, NewEvent};
 use super::{gates, Store, StoreError, StoreResult, CHANNEL};
 use crate::phase::{self, Action, Change, MigrationState, Phase};
 
@@ -73,7 +74,7 @@ pub struct Event {
     pub migration_id: i64,
     pub at: DateTime<Utc>,
     pub actor: String,
-    pub kind: String,
+    pub kind: EventKind,
     pub from_phase: Option<String>,
     pub to_phase: Option<String>,
     pub epoch: i64,
@@ -143,17 +144,12 @@ impl Store {
             }
             Err(e) => return Err(e.into()),
         };
-        insert_event(
-            &mut tx,
-            &migration,
-            actor,
-            "create",
-            None,
-            Some(Phase::Planned),
-            None,
+        let mut created = NewEvent::new(
+            EventKind::Create,
             json!({"from_version": from, "to_version": to}),
-        )
-        .await?;
+        );
+        created.to = Some(Phase::Planned);
+        events::insert(&mut tx, &migration, actor, &created).await?;
         notify(&mut tx, &migration).await?;
         tx.commit().await?;
         Ok(migration)
@@ -275,17 +271,16 @@ impl Store {
             Action::Fail(why) => Some(why.as_str()),
             _ => None,
         });
-        let event_id = insert_event(
-            &mut tx,
-            &updated,
-            actor,
-            action.kind(),
-            Some(change.from.phase),
-            Some(to.phase),
-            reason,
-            details,
-        )
-        .await?;
+        let kind = match action {
+            Action::Advance(_) => EventKind::Advance,
+            Action::Pause => EventKind::Pause,
+            Action::Resume => EventKind::Resume,
+            Action::Fail(_) => EventKind::Fail,
+        };
+        let event = NewEvent::new(kind, details)
+            .moved(change.from.phase, to.phase)
+            .reason(reason);
+        let event_id = events::insert(&mut tx, &updated, actor, &event).await?;
         notify(&mut tx, &updated).await?;
         tx.commit().await?;
         tracing::info!(
@@ -304,34 +299,6 @@ impl Store {
             event_id: Some(event_id),
         })
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn insert_event(
-    conn: &mut sqlx::PgConnection,
-    migration: &Migration,
-    actor: &str,
-    kind: &str,
-    from: Option<Phase>,
-    to: Option<Phase>,
-    reason: Option<&str>,
-    details: serde_json::Value,
-) -> StoreResult<i64> {
-    Ok(sqlx::query_scalar(
-        "INSERT INTO migration_events
-             (migration_id, actor, kind, from_phase, to_phase, epoch, reason, details)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-    )
-    .bind(migration.id)
-    .bind(actor)
-    .bind(kind)
-    .bind(from.map(|p| p.as_str()))
-    .bind(to.map(|p| p.as_str()))
-    .bind(migration.epoch)
-    .bind(reason)
-    .bind(details)
-    .fetch_one(conn)
-    .await?)
 }
 
 /// Tells listeners (routers, workers, watchers) that a migration changed. Delivered on commit.

@@ -10,7 +10,8 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::migrations::{insert_event, migration_for_update, migration_in};
+use super::events::{self, EventKind, NewEvent};
+use super::migrations::{migration_for_update, migration_in};
 use super::{Store, StoreError, StoreResult};
 
 /// Whose partitions a claim looks among.
@@ -20,11 +21,15 @@ pub(super) enum Claimant {
     Run(i64),
 }
 
-/// The work a partition stands for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The work a partition stands for. Stored as its snake_case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Task {
     /// Copy source documents to the target.
     Backfill,
+    /// Check source documents against the target (a full reconciliation run's partitions).
+    Verify,
     /// Delete moved documents from the source.
     Cleanup,
     /// Carry the application's target writes back to the source (rollback).
@@ -35,6 +40,7 @@ impl Task {
     pub fn as_str(self) -> &'static str {
         match self {
             Task::Backfill => "backfill",
+            Task::Verify => "verify",
             Task::Cleanup => "cleanup",
             Task::Revert => "revert",
         }
@@ -44,6 +50,7 @@ impl Task {
     pub fn phase(self) -> crate::phase::Phase {
         match self {
             Task::Backfill => crate::phase::Phase::Backfill,
+            Task::Verify => crate::phase::Phase::Reconcile,
             Task::Cleanup => crate::phase::Phase::Cleanup,
             Task::Revert => crate::phase::Phase::Reverting,
         }
@@ -58,6 +65,33 @@ impl Task {
             _ => None,
         }
     }
+}
+
+impl std::fmt::Display for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a partition stands. Stored as its snake_case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionState {
+    Pending,
+    Leased,
+    Done,
+}
+
+/// A claim's lease: who holds it, its token, how long it lasts, and the fence margin after
+/// its end before another worker may take the partition over (the holder stops writing that
+/// long before the end, so nothing it sent can land after the takeover).
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub token: Uuid,
+    pub owner: String,
+    pub ttl: std::time::Duration,
+    pub fence_margin: std::time::Duration,
 }
 
 /// The highest id claimable under cleanup waves, given `(id, done)` in id order (see
@@ -92,12 +126,19 @@ pub struct NewPartition {
     pub approx_documents: Option<i64>,
 }
 
+impl Partition {
+    /// The location it scans.
+    pub fn location(&self) -> crate::routing::Location {
+        crate::routing::Location::new(self.source_shard.clone(), self.source_collection.clone())
+    }
+}
+
 /// A partition row.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct Partition {
     pub id: i64,
     pub migration_id: i64,
-    pub task: String,
+    pub task: Task,
     pub source_shard: String,
     pub source_collection: String,
     pub id_type: String,
@@ -106,7 +147,7 @@ pub struct Partition {
     #[serde(skip)]
     pub upper_bound: Option<Vec<u8>>,
     pub tenant_filter: Option<serde_json::Value>,
-    pub state: String,
+    pub state: PartitionState,
     #[serde(skip)]
     pub lease_token: Option<Uuid>,
     pub lease_owner: Option<String>,
@@ -166,6 +207,43 @@ pub struct NewDeadLetter {
     pub code_name: Option<String>,
     pub message: String,
     pub attempts: i32,
+}
+
+/// What a retried dead letter's write came to: the ledger column it moves to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryOutcome {
+    Inserted,
+    AlreadyPresent,
+    Stamped,
+}
+
+impl RetryOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryOutcome::Inserted => "inserted",
+            RetryOutcome::AlreadyPresent => "already_present",
+            RetryOutcome::Stamped => "stamped",
+        }
+    }
+}
+
+/// Why a write was refused again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: Option<i32>,
+    pub code_name: Option<String>,
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal decided before anything was sent (no server code).
+    pub fn message(message: &str) -> Refusal {
+        Refusal {
+            code: None,
+            code_name: None,
+            message: message.to_owned(),
+        }
+    }
 }
 
 /// A stored dead letter.
@@ -243,6 +321,11 @@ impl Store {
             Task::Backfill => migration.backfill_planned_at,
             Task::Cleanup => migration.cleanup_planned_at,
             Task::Revert => migration.revert_planned_at,
+            Task::Verify => {
+                return Err(StoreError::Conflict(
+                    "verify partitions are planned with their reconciliation run".into(),
+                ))
+            }
         };
         if planned.is_some() {
             return Ok(false);
@@ -274,7 +357,7 @@ impl Store {
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             )
             .bind(migration_id)
-            .bind(task.as_str())
+            .bind(task)
             .bind(&p.source_shard)
             .bind(&p.source_collection)
             .bind(&p.id_type)
@@ -292,17 +375,13 @@ impl Store {
         .bind(migration_id)
         .execute(&mut *tx)
         .await?;
-        insert_event(
-            &mut tx,
-            &migration,
-            actor,
-            &format!("{}_planned", task.as_str()),
-            None,
-            None,
-            None,
-            details,
-        )
-        .await?;
+        let kind = match task {
+            Task::Backfill => EventKind::BackfillPlanned,
+            Task::Cleanup => EventKind::CleanupPlanned,
+            Task::Revert => EventKind::RevertPlanned,
+            Task::Verify => unreachable!("verify partitions belong to a reconciliation run"),
+        };
+        events::insert(&mut tx, &migration, actor, &NewEvent::new(kind, details)).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -328,36 +407,29 @@ impl Store {
         .await?;
         Ok(wave_bound(&rows, waves))
     }
-    /// Claims one pending partition of `task` (or one whose lease expired) with a fresh lease.
-    /// Concurrent claimers skip each other's locked rows, so each partition goes to one.
+    /// Claims one pending partition of `task` (or one whose lease and fence margin have
+    /// passed) with a fresh lease. Concurrent claimers skip each other's locked rows, so each
+    /// partition goes to one.
     pub async fn claim_partition(
         &self,
         migration_id: i64,
-        task: &str,
-        token: Uuid,
-        owner: &str,
-        ttl: std::time::Duration,
+        task: Task,
+        claim: &Claim,
         up_to: Option<i64>,
     ) -> StoreResult<Option<Partition>> {
-        self.claim(
-            Claimant::Migration(migration_id),
-            task,
-            token,
-            owner,
-            ttl,
-            up_to,
-        )
-        .await
+        self.claim(Claimant::Migration(migration_id), task, claim, up_to)
+            .await
     }
 
-    /// The one claim statement, for a migration's partitions or a reconciliation run's.
+    /// The one claim statement, for a migration's partitions or a reconciliation run's. A
+    /// leased partition is taken over only once its lease ran out and then its holder's fence
+    /// margin passed (by `clock_timestamp()`): the holder stopped writing a margin before its
+    /// lease ended, and every command it sent ended by then.
     pub(super) async fn claim(
         &self,
         of: Claimant,
-        task: &str,
-        token: Uuid,
-        owner: &str,
-        ttl: std::time::Duration,
+        task: Task,
+        claim: &Claim,
         up_to: Option<i64>,
     ) -> StoreResult<Option<Partition>> {
         let (column, key) = match of {
@@ -367,21 +439,25 @@ impl Store {
         Ok(sqlx::query_as(&format!(
             "UPDATE partitions SET state = 'leased', lease_token = $3, lease_owner = $4,
                  lease_expires_at = now() + make_interval(secs => $5), attempts = attempts + 1,
+                 fence_margin = make_interval(secs => $7),
                  started_at = coalesce(started_at, now())
              WHERE id = (
                  SELECT id FROM partitions
                  WHERE {column} = $1 AND task = $2
-                   AND (state = 'pending' OR (state = 'leased' AND lease_expires_at < now()))
+                   AND (state = 'pending'
+                        OR (state = 'leased'
+                            AND lease_expires_at + fence_margin < clock_timestamp()))
                    AND ($6::bigint IS NULL OR id <= $6)
                  ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
              RETURNING {PARTITION_COLUMNS}"
         ))
         .bind(key)
         .bind(task)
-        .bind(token)
-        .bind(owner)
-        .bind(ttl.as_secs_f64())
+        .bind(claim.token)
+        .bind(&claim.owner)
+        .bind(claim.ttl.as_secs_f64())
         .bind(up_to)
+        .bind(claim.fence_margin.as_secs_f64())
         .fetch_optional(self.pool())
         .await?)
     }
@@ -494,7 +570,7 @@ impl Store {
     }
 
     /// The partitions of a migration's task, in id order.
-    pub async fn partitions(&self, migration_id: i64, task: &str) -> StoreResult<Vec<Partition>> {
+    pub async fn partitions(&self, migration_id: i64, task: Task) -> StoreResult<Vec<Partition>> {
         Ok(sqlx::query_as(&format!(
             "SELECT {PARTITION_COLUMNS} FROM partitions
              WHERE migration_id = $1 AND task = $2 ORDER BY id"
@@ -517,7 +593,7 @@ impl Store {
     }
 
     /// Sums of a task's counters.
-    pub async fn task_totals(&self, migration_id: i64, task: &str) -> StoreResult<TaskTotals> {
+    pub async fn task_totals(&self, migration_id: i64, task: Task) -> StoreResult<TaskTotals> {
         Ok(sqlx::query_as(
             "SELECT count(*) AS partitions,
                     count(*) FILTER (WHERE state = 'done') AS done,
@@ -557,19 +633,10 @@ impl Store {
     pub async fn resolve_dead_letter_retried(
         &self,
         id: i64,
-        outcome: &str,
+        outcome: RetryOutcome,
         actor: &str,
     ) -> StoreResult<bool> {
-        let column = match outcome {
-            "inserted" => "inserted",
-            "already_present" => "already_present",
-            "stamped" => "stamped",
-            other => {
-                return Err(StoreError::Conflict(format!(
-                    "a retried dead letter cannot end as {other:?}"
-                )))
-            }
-        };
+        let column = outcome.as_str();
         let mut tx = self.pool().begin().await?;
         let letter: Option<DeadLetter> = sqlx::query_as(&format!(
             "UPDATE dead_letters SET status = 'retried', resolved_at = now(),
@@ -577,7 +644,7 @@ impl Store {
              WHERE id = $1 AND status = 'open' RETURNING {DEAD_LETTER_COLUMNS}"
         ))
         .bind(id)
-        .bind(format!("retried: {outcome}"))
+        .bind(format!("retried: {}", outcome.as_str()))
         .fetch_optional(&mut *tx)
         .await?;
         let Some(letter) = letter else {
@@ -593,38 +660,26 @@ impl Store {
             .await?;
         }
         let migration = migration_in(&mut tx, letter.migration_id).await?;
-        insert_event(
-            &mut tx,
-            &migration,
-            actor,
-            "deadletter_retried",
-            None,
-            None,
-            None,
-            json!({ "dead_letter": id, "_id": letter.doc_id_text, "outcome": outcome }),
-        )
-        .await?;
+        let event = NewEvent::new(
+            EventKind::DeadletterRetried,
+            json!({ "dead_letter": id, "_id": letter.doc_id_text, "outcome": outcome.as_str() }),
+        );
+        events::insert(&mut tx, &migration, actor, &event).await?;
         tx.commit().await?;
         Ok(true)
     }
 
     /// A retry failed again: the dead letter stays open with the new failure.
-    pub async fn dead_letter_failed_again(
-        &self,
-        id: i64,
-        code: Option<i32>,
-        code_name: Option<&str>,
-        message: &str,
-    ) -> StoreResult<()> {
+    pub async fn dead_letter_failed_again(&self, id: i64, refusal: &Refusal) -> StoreResult<()> {
         sqlx::query(
             "UPDATE dead_letters SET attempts = attempts + 1, code = $2, code_name = $3,
                  message = $4
              WHERE id = $1 AND status = 'open'",
         )
         .bind(id)
-        .bind(code)
-        .bind(code_name)
-        .bind(message)
+        .bind(refusal.code)
+        .bind(&refusal.code_name)
+        .bind(&refusal.message)
         .execute(self.pool())
         .await?;
         Ok(())
@@ -657,20 +712,15 @@ impl Store {
             )));
         }
         let migration = migration_in(&mut tx, migration_id).await?;
-        insert_event(
-            &mut tx,
-            &migration,
-            actor,
-            "deadletter_skipped",
-            None,
-            None,
-            Some(reason),
+        let event = NewEvent::new(
+            EventKind::DeadletterSkipped,
             json!({
                 "_id": doc_id_text,
                 "dead_letters": skipped.iter().map(|d| d.id).collect::<Vec<_>>(),
             }),
         )
-        .await?;
+        .reason(Some(reason));
+        events::insert(&mut tx, &migration, actor, &event).await?;
         tx.commit().await?;
         Ok(skipped)
     }

@@ -18,11 +18,45 @@ pub struct Run {
     pub summary: serde_json::Value,
 }
 
+/// What a finding says is wrong. Stored as its snake_case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// A source document that moved is not in the target (neither a copy nor a tombstone).
+    Missing,
+    /// A pristine copy differs from its source, or a staying document lacks its routing field.
+    Mismatched,
+    /// A document sits at a target location its version does not place it at.
+    Misplaced,
+    /// A partition's fresh count differs from its ledger.
+    Count,
+    /// A source document that cannot be routed and whose dead letter was not skipped.
+    Unroutable,
+}
+
+impl FindingKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::Missing => "missing",
+            FindingKind::Mismatched => "mismatched",
+            FindingKind::Misplaced => "misplaced",
+            FindingKind::Count => "count",
+            FindingKind::Unroutable => "unroutable",
+        }
+    }
+}
+
+impl std::fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A finding to store.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct NewFinding {
-    /// `missing`, `mismatched`, `misplaced` or `count`.
-    pub kind: String,
+    pub kind: FindingKind,
     #[serde(skip)]
     pub doc_id: Option<Vec<u8>>,
     pub doc_id_text: Option<String>,
@@ -35,7 +69,7 @@ pub struct NewFinding {
 pub struct Finding {
     pub id: i64,
     pub run_id: i64,
-    pub kind: String,
+    pub kind: FindingKind,
     #[serde(skip)]
     pub doc_id: Option<Vec<u8>>,
     pub doc_id_text: Option<String>,
@@ -49,7 +83,7 @@ impl From<&Finding> for NewFinding {
     /// A stored finding as one to check again.
     fn from(f: &Finding) -> Self {
         NewFinding {
-            kind: f.kind.clone(),
+            kind: f.kind,
             doc_id: f.doc_id.clone(),
             doc_id_text: f.doc_id_text.clone(),
             stratum: f.stratum.clone(),
@@ -115,17 +149,11 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         let migration = super::migrations::migration_in(&mut tx, run.migration_id).await?;
-        super::migrations::insert_event(
-            &mut tx,
-            &migration,
-            actor,
-            "reconciled",
-            None,
-            None,
-            None,
+        let event = super::events::NewEvent::new(
+            super::events::EventKind::Reconciled,
             serde_json::json!({ "run": run_id, "passed": passed, "findings": findings.len() }),
-        )
-        .await?;
+        );
+        super::events::insert(&mut tx, &migration, actor, &event).await?;
         tx.commit().await?;
         Ok(run)
     }
@@ -187,16 +215,12 @@ impl Store {
     pub async fn claim_verify_partition(
         &self,
         run_id: i64,
-        token: uuid::Uuid,
-        owner: &str,
-        ttl: std::time::Duration,
+        claim: &super::partitions::Claim,
     ) -> StoreResult<Option<super::partitions::Partition>> {
         self.claim(
             super::partitions::Claimant::Run(run_id),
-            "verify",
-            token,
-            owner,
-            ttl,
+            super::partitions::Task::Verify,
+            claim,
             None,
         )
         .await
@@ -314,7 +338,7 @@ async fn insert_findings(
              VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(run_id)
-        .bind(&f.kind)
+        .bind(f.kind)
         .bind(&f.doc_id)
         .bind(&f.doc_id_text)
         .bind(&f.stratum)

@@ -6,7 +6,8 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::migrations::{insert_event, migration_for_update, migration_in};
+use super::events::{self, EventKind, NewEvent};
+use super::migrations::{migration_for_update, migration_in};
 use super::{Store, StoreError, StoreResult};
 use crate::settings::MigrationSettings;
 
@@ -166,17 +167,12 @@ impl Store {
             .bind(after.to_json())
             .execute(&mut *tx)
             .await?;
-        insert_event(
-            &mut tx,
-            &migration,
-            actor,
-            "settings_changed",
-            None,
-            None,
-            reason,
+        let event = NewEvent::new(
+            EventKind::SettingsChanged,
             json!({ "before": before.to_json(), "after": after.to_json() }),
         )
-        .await?;
+        .reason(reason);
+        events::insert(&mut tx, &migration, actor, &event).await?;
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(super::CHANNEL)
             .bind(json!({ "id": migration_id, "settings": true }).to_string())
@@ -200,16 +196,11 @@ impl Store {
         &self,
         migration_id: i64,
         actor: &str,
-        kind: &str,
-        reason: Option<&str>,
-        details: serde_json::Value,
+        event: &NewEvent<'_>,
     ) -> StoreResult<i64> {
         let mut tx = self.pool().begin().await?;
         let migration = migration_in(&mut tx, migration_id).await?;
-        let id = insert_event(
-            &mut tx, &migration, actor, kind, None, None, reason, details,
-        )
-        .await?;
+        let id = events::insert(&mut tx, &migration, actor, event).await?;
         tx.commit().await?;
         Ok(id)
     }

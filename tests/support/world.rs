@@ -73,6 +73,25 @@ impl World {
         }
     }
 
+    /// Waits until every router still counted has acknowledged the migration's current epoch.
+    pub async fn acknowledged(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = self.store.migration(self.migration).await.unwrap();
+            if self
+                .store
+                .unacknowledged_routers(&m)
+                .await
+                .unwrap()
+                .is_empty()
+            {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "no acknowledgement");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Moves the migration through `phases`, waiting for every router to acknowledge each.
     pub async fn advance(&self, routers: &[&Router], phases: &[Phase]) {
         for phase in phases {

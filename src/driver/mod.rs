@@ -1,0 +1,300 @@
+//! The migration driver, as a library: everything that moves a migration and that a
+//! command, a playbook or another program needs alike.
+//!
+//! - [`Driver::advance`]: one move with everything around it: the preparation before
+//!   `dual_read` ([`crate::prepare`]), the move itself ([`Store::transition`]), the router
+//!   barrier or the write switch, and the last steps of `completed`, `rolled_back` and a return
+//!   to `planned` ([`crate::finish`]);
+//! - [`Driver::rollback`]: the moves of [`crate::phase::rollback_path`];
+//! - [`Driver::barrier`]: waiting for every router still counted to acknowledge an epoch;
+//! - [`reconcile`]: a reconciliation run (sampled, or full: partitioned, leased, resumable)
+//!   and repair;
+//! - [`deadletters`]: retrying dead letters.
+//!
+//! The driver prints nothing: it tells a [`Progress`] what happens (the command line prints
+//! it to stderr; a playbook runner draws it), and returns what it did.
+
+pub mod deadletters;
+pub mod reconcile;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::phase::{self, Action, Phase};
+use crate::settings::MigrationSettings;
+use crate::shards::Shards;
+use crate::store::events::{EventKind, NewEvent};
+use crate::store::migrations::{Migration, Transition};
+use crate::store::routers::Unacknowledged;
+use crate::store::Store;
+
+/// What the driver tells whoever runs it. Every method has a default that does nothing.
+pub trait Progress: Send + Sync {
+    /// A move was made (or, in a dry run, checked).
+    fn moved(&self, _transition: &Transition, _dry_run: bool) {}
+    /// The barrier is still waiting for these routers (reported every few seconds).
+    fn waiting(&self, _migration: &Migration, _routers: &[Unacknowledged]) {}
+    /// A router the barrier waited for was counted out (its lease ran out, plus the margin).
+    fn counted_out(&self, _router: &Unacknowledged) {}
+    /// The barrier passed after waiting `waited`, `counted_out` routers counted out.
+    fn barrier_passed(&self, _migration: &Migration, _waited: Duration, _counted_out: usize) {}
+    /// Leaving `planned` created (or, in a dry run, would create) something.
+    fn prepared(&self, _location: &str, _action: &str, _dry_run: bool) {}
+    /// A last step ran: `tombstones_purged` or `target_removed`, with what it did.
+    fn finished(&self, _migration: i64, _kind: EventKind, _details: &serde_json::Value) {}
+    /// A full reconciliation waits for partitions another process holds.
+    fn note(&self, _message: &str) {}
+}
+
+/// A [`Progress`] that reports nothing.
+pub struct Quiet;
+
+impl Progress for Quiet {}
+
+/// How a move is made.
+#[derive(Clone, Debug)]
+pub struct MoveOptions {
+    /// Check the move (and its gates) without changing anything.
+    pub dry_run: bool,
+    /// Why, for the event log.
+    pub reason: Option<String>,
+    /// How long a barrier waits for routers.
+    pub timeout: Duration,
+    /// How long the write switch holds writes before it goes back.
+    pub switch_timeout: Duration,
+}
+
+impl Default for MoveOptions {
+    fn default() -> Self {
+        MoveOptions {
+            dry_run: false,
+            reason: None,
+            timeout: Duration::from_secs(60),
+            switch_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Drives migrations in one state store, as one actor.
+#[derive(Clone)]
+pub struct Driver {
+    pub store: Store,
+    /// Who acts, for the event log.
+    pub actor: String,
+    progress: Arc<dyn Progress>,
+}
+
+impl Driver {
+    pub fn new(store: Store, actor: impl Into<String>, progress: Arc<dyn Progress>) -> Driver {
+        Driver {
+            store,
+            actor: actor.into(),
+            progress,
+        }
+    }
+
+    pub fn progress(&self) -> &dyn Progress {
+        &*self.progress
+    }
+
+    /// A connection to every registered shard. With `bulk_writer`, the driver's own write
+    /// retries are off (the bulk writer owns them).
+    pub async fn shards(&self, bulk_writer: bool) -> Result<Shards> {
+        Shards::connect(&self.store.shards().await?, bulk_writer)
+            .await
+            .map_err(|e| Error::bad_input(e.to_string()))
+    }
+
+    /// Moves migration `id` to `to`, with everything around the move (see the module docs).
+    /// The write switch makes two moves, or goes back when a router does not answer in time.
+    pub async fn advance(&self, id: i64, to: Phase, options: &MoveOptions) -> Result<()> {
+        let current = self.store.migration(id).await?;
+        if current.phase() == Phase::Planned && to == Phase::DualRead {
+            self.prepare(&current, options.dry_run).await?;
+        }
+        let t = self
+            .store
+            .transition(
+                id,
+                &Action::Advance(to),
+                &self.actor,
+                options.reason.as_deref(),
+                options.dry_run,
+            )
+            .await?;
+        self.progress.moved(&t, options.dry_run);
+        if options.dry_run {
+            return Ok(());
+        }
+        if t.change.from.phase.changes_router_behaviour(to) {
+            if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) {
+                self.write_switch(&t, options).await?;
+            } else {
+                self.barrier(&t.migration, options.timeout).await?;
+            }
+        }
+        // The revert switch moves on to rolled_back by itself once every router acknowledged.
+        let reached = self.store.migration(id).await?;
+        if matches!(
+            reached.phase(),
+            Phase::Completed | Phase::RolledBack | Phase::Planned
+        ) && reached.phase() != current.phase()
+        {
+            // Nothing may be purged or dropped while a router could still act on the old
+            // phase.
+            self.barrier(&reached, options.timeout).await?;
+            self.finish(&reached).await?;
+        }
+        Ok(())
+    }
+
+    /// Rolls migration `id` back from where it is: the moves of [`phase::rollback_path`].
+    /// Returns the phase reached.
+    pub async fn rollback(&self, id: i64, options: &MoveOptions) -> Result<Phase> {
+        let m = self.store.migration(id).await?;
+        let path = phase::rollback_path(m.phase())
+            .map_err(|why| Error::bad_input(format!("migration {id} cannot roll back: {why}")))?;
+        for to in path {
+            self.advance(id, *to, options).await?;
+            if options.dry_run {
+                break;
+            }
+        }
+        Ok(self.store.migration(id).await?.phase())
+    }
+
+    /// Waits until every router that still counts has acknowledged the migration's epoch. A
+    /// router is counted out a fence margin after its lease ran out: it sends no command after
+    /// that, and it loads the phase again before it serves. The routers counted out while the
+    /// barrier waited for them are reported, with why.
+    pub async fn barrier(&self, migration: &Migration, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        let mut last_report: Option<Instant> = None;
+        let mut waited_for = std::collections::BTreeSet::new();
+        loop {
+            let behind = self.store.routers_behind(migration).await?;
+            let (counted_out, missing): (Vec<_>, Vec<_>) =
+                behind.into_iter().partition(|r| r.counted_out);
+            if missing.is_empty() {
+                let gone: Vec<_> = counted_out
+                    .iter()
+                    .filter(|r| waited_for.contains(&r.label()))
+                    .collect();
+                for r in &gone {
+                    self.progress.counted_out(r);
+                }
+                if last_report.is_some() {
+                    self.progress
+                        .barrier_passed(migration, started.elapsed(), gone.len());
+                }
+                return Ok(());
+            }
+            waited_for.extend(missing.iter().map(|r| r.label()));
+            if started.elapsed() >= timeout {
+                let names = missing
+                    .iter()
+                    .map(|r| r.label())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(Error::failed(format!(
+                    "{} router(s) did not acknowledge epoch {} of migration {} within {}s: \
+                     {names}; the phase is {} and the next move waits for them",
+                    missing.len(),
+                    migration.epoch,
+                    migration.id,
+                    timeout.as_secs(),
+                    migration.phase()
+                )));
+            }
+            if last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+                self.progress.waiting(migration, &missing);
+                last_report = Some(Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The write switch: once every router still counted holds its writes and has drained,
+    /// no one writes the old side, and the migration moves on at once. If the
+    /// acknowledgements do not all arrive in time, the migration goes back and nothing was
+    /// lost.
+    async fn write_switch(&self, entered: &Transition, options: &MoveOptions) -> Result<()> {
+        let (forward, back) = match entered.change.to.phase {
+            Phase::RevertSwitch => (Phase::RolledBack, Phase::Reverting),
+            _ => (Phase::NewWrites, Phase::DualRead),
+        };
+        let id = entered.migration.id;
+        match self
+            .barrier(&entered.migration, options.switch_timeout)
+            .await
+        {
+            Ok(()) => {
+                let t = self
+                    .store
+                    .transition(
+                        id,
+                        &Action::Advance(forward),
+                        &self.actor,
+                        Some("write switch acknowledged"),
+                        false,
+                    )
+                    .await?;
+                self.progress.moved(&t, false);
+                self.barrier(&t.migration, options.timeout).await
+            }
+            Err(waited) => {
+                let why = format!("write switch timed out: {waited}");
+                let t = self
+                    .store
+                    .transition(id, &Action::Advance(back), &self.actor, Some(&why), false)
+                    .await?;
+                self.progress.moved(&t, false);
+                Err(Error::failed(format!(
+                    "{why}; migration {id} went back to {back}, nothing was lost"
+                )))
+            }
+        }
+    }
+
+    /// Creates the target collections and indexes before routers start reading the target.
+    async fn prepare(&self, m: &Migration, dry_run: bool) -> Result<()> {
+        let (from, to) = self.store.migration_versions(m).await?;
+        let shards = self.shards(false).await?;
+        let done = crate::prepare::prepare(&from, &to, &shards, dry_run)
+            .await
+            .map_err(|e| Error::failed(crate::redact::redact_uri(&e.to_string())))?;
+        for p in &done {
+            self.progress.prepared(&p.location, &p.action, dry_run);
+        }
+        Ok(())
+    }
+
+    /// Purges after `completed`; removes the target layout after a rollback.
+    async fn finish(&self, m: &Migration) -> Result<()> {
+        let (from, target) = self.store.migration_versions(m).await?;
+        let shards = self.shards(false).await?;
+        let failed = |e: crate::finish::FinishError| {
+            Error::failed(crate::redact::redact_uri(&e.to_string()))
+        };
+        let (kind, details) = if m.phase() == Phase::Completed {
+            let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
+            let d =
+                crate::finish::purge_completed(&from, &target, &shards, settings.drop_empty_source)
+                    .await
+                    .map_err(failed)?;
+            self.store.mark_tombstones_purged(m.id).await?;
+            (EventKind::TombstonesPurged, d)
+        } else {
+            let d = crate::finish::remove_target_layout(&from, &target, &shards)
+                .await
+                .map_err(failed)?;
+            (EventKind::TargetRemoved, d)
+        };
+        self.store
+            .record_event(m.id, &self.actor, &NewEvent::new(kind, details.clone()))
+            .await?;
+        self.progress.finished(m.id, kind, &details);
+        Ok(())
+    }
+}

@@ -1,0 +1,152 @@
+//! Reads the workers share: documents by id, and a partition's scan through one cursor with a
+//! batch read ahead.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use mongodb::bson::{doc, Bson, Document};
+
+use super::{Shards, UnknownShard};
+use crate::ids;
+use crate::routing::Location;
+
+/// A read that failed, and where.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("reading {location} failed: {source}")]
+    Mongo {
+        location: Location,
+        #[source]
+        source: mongodb::error::Error,
+    },
+    #[error(transparent)]
+    UnknownShard(#[from] UnknownShard),
+}
+
+impl ReadError {
+    pub fn at(location: &Location) -> impl Fn(mongodb::error::Error) -> ReadError + '_ {
+        move |source| ReadError::Mongo {
+            location: location.clone(),
+            source,
+        }
+    }
+}
+
+impl Shards {
+    /// The documents at `location` with these ids, by [`ids::key`] (MongoDB's equality: `7`
+    /// finds `7.0`). With `projection`, only those fields.
+    pub async fn find_by_ids(
+        &self,
+        location: &Location,
+        wanted: &[Bson],
+        projection: Option<Document>,
+    ) -> Result<HashMap<Vec<u8>, Document>, ReadError> {
+        if wanted.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let found: Vec<Document> = self
+            .collection(location)?
+            .find(doc! { "_id": { "$in": wanted.to_vec() } })
+            .with_options(
+                mongodb::options::FindOptions::builder()
+                    .projection(projection)
+                    .build(),
+            )
+            .await
+            .map_err(ReadError::at(location))?
+            .try_collect()
+            .await
+            .map_err(ReadError::at(location))?;
+        Ok(found
+            .into_iter()
+            .filter_map(|d| d.get("_id").map(|id| (ids::key(id), d.clone())))
+            .collect())
+    }
+
+    /// The first document at `location` with this id.
+    pub async fn find_by_id(
+        &self,
+        location: &Location,
+        id: &Bson,
+    ) -> Result<Option<Document>, ReadError> {
+        self.collection(location)?
+            .find_one(doc! { "_id": id.clone() })
+            .await
+            .map_err(ReadError::at(location))
+    }
+
+    /// Opens a scan of `filter` at `location` in `_id` order, read through one cursor in
+    /// batches of `batch_size()` documents (asked again for every batch, so a changed setting
+    /// applies at once), one batch read ahead while the caller works on the last one.
+    pub async fn scan(
+        &self,
+        location: &Location,
+        filter: Document,
+        batch_size: Arc<dyn Fn() -> usize + Send + Sync>,
+    ) -> Result<Scan, ReadError> {
+        let first = batch_size().clamp(1, u32::MAX as usize) as u32;
+        let cursor = self
+            .collection(location)?
+            .find(filter)
+            .sort(doc! { "_id": 1 })
+            .batch_size(first)
+            .await
+            .map_err(ReadError::at(location))?;
+        // One batch ahead at most, so memory stays at two batches per scan.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<Document>, ReadError>>(1);
+        let location = location.clone();
+        let reader = tokio::spawn(async move {
+            let mut cursor = cursor;
+            loop {
+                let size = batch_size().max(1);
+                let mut docs = Vec::with_capacity(size);
+                let mut failed = None;
+                while docs.len() < size {
+                    match cursor.try_next().await {
+                        Ok(Some(d)) => docs.push(d),
+                        Ok(None) => break,
+                        Err(e) => {
+                            failed = Some(ReadError::at(&location)(e));
+                            break;
+                        }
+                    }
+                }
+                let end = docs.len() < size || failed.is_some();
+                if !docs.is_empty() && tx.send(Ok(docs)).await.is_err() {
+                    return;
+                }
+                if let Some(e) = failed {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                if end {
+                    return;
+                }
+            }
+        });
+        Ok(Scan { rx, reader })
+    }
+}
+
+/// A scan in progress ([`Shards::scan`]). Dropping it stops the reader.
+pub struct Scan {
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<Document>, ReadError>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Scan {
+    /// The next batch; an empty one at the end of the scan.
+    pub async fn next_batch(&mut self) -> Result<Vec<Document>, ReadError> {
+        match self.rx.recv().await {
+            Some(batch) => batch,
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+impl Drop for Scan {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
