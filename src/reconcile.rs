@@ -36,7 +36,7 @@ use crate::settings::MigrationSettings;
 pub use crate::shards::read::ReadError;
 use crate::shards::Shards;
 use crate::store::partitions::{Claim, Partition};
-use crate::store::reconcile::{FindingKind, NewFinding};
+use crate::store::reconcile::{FindingKind, NewFinding, VerifiedBatch};
 use crate::throttle::AdaptiveRate;
 
 /// How samples are grouped.
@@ -914,7 +914,18 @@ async fn verify_partition(
         let batch = scan.next_batch().await?;
         if batch.is_empty() {
             store
-                .checkpoint_verify(p, token, ttl, None, 0, &json!(outcomes), &[], true)
+                .checkpoint_verify(
+                    p,
+                    token,
+                    ttl,
+                    &VerifiedBatch {
+                        last_id: None,
+                        checked: 0,
+                        outcomes: &json!(outcomes),
+                        findings: &[],
+                        done: true,
+                    },
+                )
                 .await?;
             return Ok(());
         }
@@ -939,11 +950,13 @@ async fn verify_partition(
                 p,
                 token,
                 ttl,
-                last_id.as_deref(),
-                stratum.samples as i64,
-                &json!(outcomes),
-                &result.findings,
-                false,
+                &VerifiedBatch {
+                    last_id: last_id.as_deref(),
+                    checked: stratum.samples as i64,
+                    outcomes: &json!(outcomes),
+                    findings: &result.findings,
+                    done: false,
+                },
             )
             .await?;
         if !stored {

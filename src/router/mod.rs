@@ -61,7 +61,7 @@ use crate::phase::Phase;
 use crate::protocol::{Operation, Outcome, ProtocolError};
 use crate::routing::{KeyValue, RoutingError, RoutingVersion};
 use crate::shards::Shards;
-use crate::store::routers::{Heartbeat, Renewal};
+use crate::store::routers::{Heartbeat, Registration, Renewal};
 use crate::store::{Store, StoreError, CHANNEL};
 
 pub use exec::is_duplicate_key;
@@ -293,16 +293,17 @@ impl Router {
         // Register first, then load: any move the driver makes after the registration waits
         // for this router, and every move before it is in what the load sees.
         let started = Instant::now();
+        let host = crate::identity::hostname();
         store
-            .register_router(
+            .register_router(&Registration {
                 id,
                 collection,
-                &config.name,
-                &crate::identity::hostname(),
-                std::process::id() as i32,
-                config.lease_ttl,
-                config.fence_margin(),
-            )
+                name: &config.name,
+                host: &host,
+                pid: std::process::id() as i32,
+                ttl: config.lease_ttl,
+                fence_margin: config.fence_margin(),
+            })
             .await?;
         let snapshot = match Snapshot::load(&store, collection).await {
             Ok(s) => s,
@@ -607,15 +608,15 @@ impl Inner {
         {
             Ok(Renewal::Gone) => match self
                 .store
-                .register_router(
-                    self.id,
-                    &self.collection,
-                    &self.config.name,
-                    &crate::identity::hostname(),
-                    std::process::id() as i32,
-                    self.config.lease_ttl,
-                    self.config.fence_margin(),
-                )
+                .register_router(&Registration {
+                    id: self.id,
+                    collection: &self.collection,
+                    name: &self.config.name,
+                    host: &crate::identity::hostname(),
+                    pid: std::process::id() as i32,
+                    ttl: self.config.lease_ttl,
+                    fence_margin: self.config.fence_margin(),
+                })
                 .await
             {
                 // A new registration is a lapse: the driver did not wait for this router.

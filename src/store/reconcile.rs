@@ -5,6 +5,20 @@ use serde::Serialize;
 
 use super::{Store, StoreError, StoreResult};
 
+/// What one verified batch of a full run adds to its partition.
+#[derive(Clone, Copy, Debug)]
+pub struct VerifiedBatch<'a> {
+    /// The last `_id` checked (encoded); `None` keeps the checkpoint.
+    pub last_id: Option<&'a [u8]>,
+    /// Documents checked.
+    pub checked: i64,
+    /// Counts per outcome so far, over the whole partition.
+    pub outcomes: &'a serde_json::Value,
+    pub findings: &'a [NewFinding],
+    /// The partition is finished.
+    pub done: bool,
+}
+
 /// A stored run.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct Run {
@@ -228,18 +242,20 @@ impl Store {
 
     /// Records a verified batch: resume point, counters, outcomes and findings, fenced by the
     /// lease token; `done` also ends the partition. `false`: the lease is gone.
-    #[allow(clippy::too_many_arguments)]
     pub async fn checkpoint_verify(
         &self,
         partition: &super::partitions::Partition,
         token: uuid::Uuid,
         ttl: std::time::Duration,
-        last_id: Option<&[u8]>,
-        checked: i64,
-        outcomes: &serde_json::Value,
-        findings: &[NewFinding],
-        done: bool,
+        batch: &VerifiedBatch<'_>,
     ) -> StoreResult<bool> {
+        let VerifiedBatch {
+            last_id,
+            checked,
+            outcomes,
+            findings,
+            done,
+        } = *batch;
         let mut tx = self.pool().begin().await?;
         let r = sqlx::query(
             "UPDATE partitions SET last_id = coalesce($3, last_id), scanned = scanned + $4,

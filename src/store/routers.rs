@@ -117,6 +117,20 @@ pub struct RouterRow {
     pub stats: serde_json::Value,
 }
 
+/// Who a router is: what `register_router` records.
+#[derive(Clone, Debug)]
+pub struct Registration<'a> {
+    pub id: uuid::Uuid,
+    pub collection: &'a str,
+    pub name: &'a str,
+    pub host: &'a str,
+    pub pid: i32,
+    /// How long a renewal keeps the lease.
+    pub ttl: std::time::Duration,
+    /// How long after its lease the router may still have a command in transit.
+    pub fence_margin: std::time::Duration,
+}
+
 /// What a router's heartbeat reports.
 #[derive(Clone, Debug)]
 pub struct Heartbeat<'a> {
@@ -126,19 +140,9 @@ pub struct Heartbeat<'a> {
 }
 
 impl Store {
-    /// Registers a router (or renews a registration with the same id) with a lease of `ttl`
-    /// and its fence margin. A registration acknowledges nothing yet.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn register_router(
-        &self,
-        id: uuid::Uuid,
-        collection: &str,
-        name: &str,
-        host: &str,
-        pid: i32,
-        ttl: std::time::Duration,
-        fence_margin: std::time::Duration,
-    ) -> StoreResult<()> {
+    /// Registers a router (or renews a registration with the same id) with a lease and its
+    /// fence margin. A registration acknowledges nothing yet.
+    pub async fn register_router(&self, r: &Registration<'_>) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at, fence_margin)
              VALUES ($1, $2, $3, $4, $5, clock_timestamp() + make_interval(secs => $6),
@@ -147,13 +151,13 @@ impl Store {
              SET heartbeat_at = now(), lease_expires_at = EXCLUDED.lease_expires_at,
                  fence_margin = EXCLUDED.fence_margin",
         )
-        .bind(id)
-        .bind(collection)
-        .bind(name)
-        .bind(host)
-        .bind(pid)
-        .bind(ttl.as_secs_f64())
-        .bind(fence_margin.as_secs_f64())
+        .bind(r.id)
+        .bind(r.collection)
+        .bind(r.name)
+        .bind(r.host)
+        .bind(r.pid)
+        .bind(r.ttl.as_secs_f64())
+        .bind(r.fence_margin.as_secs_f64())
         .execute(self.pool())
         .await?;
         Ok(())
