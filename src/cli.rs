@@ -88,6 +88,25 @@ pub enum Command {
     Deadletter(DeadletterCommand),
     /// Check that the target holds what the source held: counts, samples, or everything.
     Reconcile(ReconcileArgs),
+    /// Playbooks: check one, or print their JSON Schema.
+    #[command(subcommand)]
+    Playbook(PlaybookCommand),
+    /// Run what remains of a playbook, from the state stored in PostgreSQL. Run it again after
+    /// a stop, a crash or an approval: it continues where it stopped.
+    Run(RunArgs),
+    /// Approve a playbook's manual gate; the next `reshard run` goes past it.
+    Approve {
+        /// The playbook's name.
+        name: String,
+        /// The approval step's name (as `reshard run` printed it).
+        #[arg(long)]
+        step: String,
+        /// Why, for the event log.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Estimate what a playbook moves, per shard, and how many buckets hot tenants need.
+    Plan(PlanArgs),
     /// Copy again the documents the latest reconciliation run found missing or mismatched.
     Repair {
         id: i64,
@@ -95,6 +114,33 @@ pub enum Command {
         #[arg(long)]
         run: Option<i64>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PlaybookCommand {
+    /// Check a playbook: every problem at once, each with file:line:column; exit 2 on any.
+    Validate { file: PathBuf },
+    /// Print the JSON Schema of playbooks (for editors).
+    Schema,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The playbook (YAML).
+    pub file: PathBuf,
+    /// Print the steps that would run from the current state; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Workers a step runs in this process when the playbook does not say (0: workers run
+    /// elsewhere, with `reshard worker`).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub workers: u16,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The playbook (YAML) whose source and target to compare.
+    pub file: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@
 //! [`commands`] module is the command line's one entry point, [`run`].
 
 pub mod backfill;
+pub mod capacity;
 pub mod cli;
 mod commands;
 pub mod copy;

@@ -1,9 +1,11 @@
 //! One module per noun of the command line. `run` is the one exhaustive match over commands;
 //! each arm resolves its input and calls into the library.
 
+mod capacity;
 mod db;
 mod deadletter;
 mod migration;
+mod playbook;
 mod progress;
 mod reconcile;
 mod route;
@@ -26,6 +28,10 @@ pub struct Ctx {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
+    // Reading and checking a playbook needs no state store.
+    if let Command::Playbook(cmd) = cli.command {
+        return playbook::run(cli.output, cmd);
+    }
     let url = database_url(&cli)?;
     let actor = cli
         .actor
@@ -43,6 +49,12 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Throttle(cmd) => throttle::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Deadletter(cmd) => deadletter::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Reconcile(args) => reconcile::run(&ctx(url, output, actor).await?, args).await,
+        Command::Playbook(_) => unreachable!("handled above"),
+        Command::Run(args) => playbook::run_file(&ctx(url, output, actor).await?, args).await,
+        Command::Approve { name, step, reason } => {
+            playbook::approve(&ctx(url, output, actor).await?, &name, &step, reason).await
+        }
+        Command::Plan(args) => playbook::plan(&ctx(url, output, actor).await?, args).await,
         Command::Repair { id, run } => {
             reconcile::repair(&ctx(url, output, actor).await?, id, run).await
         }

@@ -14,7 +14,9 @@
 //! The driver prints nothing: it tells a [`Progress`] what happens (the command line prints
 //! it to stderr; a playbook runner draws it), and returns what it did.
 
+pub mod capacity;
 pub mod deadletters;
+pub mod playbook;
 pub mod reconcile;
 
 use std::sync::Arc;
@@ -43,8 +45,39 @@ pub trait Progress: Send + Sync {
     fn prepared(&self, _location: &str, _action: &str, _dry_run: bool) {}
     /// A last step ran: `tombstones_purged` or `target_removed`, with what it did.
     fn finished(&self, _migration: i64, _kind: EventKind, _details: &serde_json::Value) {}
-    /// A full reconciliation waits for partitions another process holds.
+    /// A full reconciliation waits for partitions another process holds, a soak goes on, ...
     fn note(&self, _message: &str) {}
+    /// A playbook's step changed state.
+    fn step(&self, _position: usize, _count: usize, _name: &str, _state: &StepState) {}
+    /// Workers made progress (reported about every second while a step waits for them).
+    fn task(&self, _progress: &TaskProgress) {}
+}
+
+/// Where a playbook's step stands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepState {
+    /// Done in an earlier run.
+    AlreadyDone,
+    Started,
+    Done(serde_json::Value),
+    /// It waits for an operator (an approval).
+    Waiting(String),
+    /// It failed; the run stops.
+    Failed(String),
+}
+
+/// Progress of a task's workers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskProgress {
+    pub migration: i64,
+    pub task: crate::store::partitions::Task,
+    pub partitions: i64,
+    pub done: i64,
+    /// Documents scanned so far.
+    pub documents: i64,
+    /// The planner's estimate of the documents in scope.
+    pub approx_documents: i64,
+    pub docs_per_sec: f64,
 }
 
 /// A [`Progress`] that reports nothing.
@@ -110,6 +143,17 @@ impl Driver {
     /// The write switch makes two moves, or goes back when a router does not answer in time.
     pub async fn advance(&self, id: i64, to: Phase, options: &MoveOptions) -> Result<()> {
         let current = self.store.migration(id).await?;
+        // A driver that stopped inside a write switch left it there (routers hold writes):
+        // finish the switch, forward or back, before anything else.
+        if matches!(current.phase(), Phase::WriteSwitch | Phase::RevertSwitch)
+            && !options.dry_run
+        {
+            self.write_switch(&current, options).await?;
+            if self.store.migration(id).await?.phase() == to {
+                return Ok(());
+            }
+            return Box::pin(self.advance(id, to, options)).await;
+        }
         if current.phase() == Phase::Planned && to == Phase::DualRead {
             self.prepare(&current, options.dry_run).await?;
         }
@@ -129,7 +173,7 @@ impl Driver {
         }
         if t.change.from.phase.changes_router_behaviour(to) {
             if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) {
-                self.write_switch(&t, options).await?;
+                self.write_switch(&t.migration, options).await?;
             } else {
                 self.barrier(&t.migration, options.timeout).await?;
             }
@@ -219,16 +263,13 @@ impl Driver {
     /// no one writes the old side, and the migration moves on at once. If the
     /// acknowledgements do not all arrive in time, the migration goes back and nothing was
     /// lost.
-    async fn write_switch(&self, entered: &Transition, options: &MoveOptions) -> Result<()> {
-        let (forward, back) = match entered.change.to.phase {
+    async fn write_switch(&self, entered: &Migration, options: &MoveOptions) -> Result<()> {
+        let (forward, back) = match entered.phase() {
             Phase::RevertSwitch => (Phase::RolledBack, Phase::Reverting),
             _ => (Phase::NewWrites, Phase::DualRead),
         };
-        let id = entered.migration.id;
-        match self
-            .barrier(&entered.migration, options.switch_timeout)
-            .await
-        {
+        let id = entered.id;
+        match self.barrier(entered, options.switch_timeout).await {
             Ok(()) => {
                 let t = self
                     .store
@@ -255,6 +296,23 @@ impl Driver {
                 )))
             }
         }
+    }
+
+    /// Runs the last steps of an ended migration if a driver stopped before them: the purge
+    /// after `completed`, the removal of the target after `rolled_back` (each once every
+    /// router acknowledged the final epoch). Does nothing otherwise.
+    pub async fn finalize(&self, id: i64, timeout: Duration) -> Result<()> {
+        let m = self.store.migration(id).await?;
+        let pending = match m.phase() {
+            Phase::Completed => m.tombstones_purged_at.is_none(),
+            Phase::RolledBack => m.target_removed_at.is_none(),
+            _ => false,
+        };
+        if pending {
+            self.barrier(&m, timeout).await?;
+            self.finish(&m).await?;
+        }
+        Ok(())
     }
 
     /// Creates the target collections and indexes before routers start reading the target.
@@ -289,6 +347,7 @@ impl Driver {
             let d = crate::finish::remove_target_layout(&from, &target, &shards)
                 .await
                 .map_err(failed)?;
+            self.store.mark_target_removed(m.id).await?;
             (EventKind::TargetRemoved, d)
         };
         self.store

@@ -167,6 +167,18 @@ fn default_id_field() -> String {
     DEFAULT_ID_FIELD.to_owned()
 }
 
+impl RoutingVersion {
+    /// Whether two versions describe the same layout, whatever their numbers.
+    pub fn same_layout(&self, other: &RoutingVersion) -> bool {
+        let shape = |v: &RoutingVersion| {
+            let mut json = serde_json::to_value(v).expect("a version serialises");
+            json["version"] = serde_json::Value::Null;
+            json
+        };
+        shape(self) == shape(other)
+    }
+}
+
 impl fmt::Debug for RoutingVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RoutingVersion")

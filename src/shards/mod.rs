@@ -92,6 +92,8 @@ impl From<std::collections::HashMap<String, Database>> for Shards {
 pub enum ShardConnectError {
     #[error("{uri} is not a usable MongoDB connection string: {reason}")]
     BadUri { uri: Redacted, reason: String },
+    #[error("{uri} uses ${{{name}}}, which is not set in this process's environment")]
+    MissingVariable { uri: Redacted, name: String },
     #[error("{uri} did not answer a ping on database {database:?}: {reason}")]
     NoAnswer {
         uri: Redacted,
@@ -111,12 +113,50 @@ pub async fn writer_client(uri: &str) -> Result<Client, ShardConnectError> {
     connect(uri, true).await
 }
 
+/// A shard URI with every `${NAME}` replaced by the environment variable `NAME` of this
+/// process. URIs are stored as written, so a password given as `${MONGO_PASSWORD}` never
+/// reaches the state store; each process resolves it when it connects.
+pub fn resolve_uri(uri: &str) -> Result<String, ShardConnectError> {
+    let mut out = String::with_capacity(uri.len());
+    let mut rest = uri;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let Some(end) = after.find('}') else {
+            return Err(ShardConnectError::BadUri {
+                uri: Redacted::new(uri),
+                reason: "an unclosed ${ in the URI".into(),
+            });
+        };
+        let name = &after[..end];
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(ShardConnectError::BadUri {
+                uri: Redacted::new(uri),
+                reason: format!("${{{name}}} is not an environment variable name"),
+            });
+        }
+        match std::env::var(name) {
+            Ok(value) => out.push_str(&value),
+            Err(_) => {
+                return Err(ShardConnectError::MissingVariable {
+                    uri: Redacted::new(uri),
+                    name: name.to_owned(),
+                })
+            }
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectError> {
     let bad = |e: mongodb::error::Error| ShardConnectError::BadUri {
         uri: Redacted::new(uri),
         reason: redact_uri(&e.to_string()),
     };
-    let mut options = ClientOptions::parse(uri).await.map_err(bad)?;
+    let resolved = resolve_uri(uri)?;
+    let mut options = ClientOptions::parse(&resolved).await.map_err(bad)?;
     if bulk_writer {
         crate::copy::writer::disable_driver_write_retries(&mut options);
     }
@@ -143,4 +183,22 @@ pub async fn ping(uri: &str, database: &str) -> Result<(), ShardConnectError> {
             database: database.to_owned(),
             reason: redact_uri(&e.to_string()),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variables_in_a_uri_come_from_the_environment() {
+        std::env::set_var("RESHARD_TEST_URI_PASSWORD", "s3cret");
+        assert_eq!(
+            resolve_uri("mongodb://app:${RESHARD_TEST_URI_PASSWORD}@h/?x=1").unwrap(),
+            "mongodb://app:s3cret@h/?x=1"
+        );
+        assert_eq!(resolve_uri("mongodb://h").unwrap(), "mongodb://h");
+        let missing = resolve_uri("mongodb://${RESHARD_TEST_URI_NOT_SET_ANYWHERE}").unwrap_err();
+        assert!(missing.to_string().contains("RESHARD_TEST_URI_NOT_SET_ANYWHERE"), "{missing}");
+        assert!(resolve_uri("mongodb://${oops").is_err());
+    }
 }

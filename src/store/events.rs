@@ -38,6 +38,12 @@ pub enum EventKind {
     TombstonesPurged,
     /// After a rollback: the target layout was removed.
     TargetRemoved,
+    /// A playbook's step finished.
+    StepDone,
+    /// A playbook's later steps or settings were edited (the diff in the details).
+    PlaybookChanged,
+    /// An operator approved a playbook's manual gate.
+    Approved,
 }
 
 impl EventKind {
@@ -60,6 +66,9 @@ impl EventKind {
             EventKind::Repaired => "repaired",
             EventKind::TombstonesPurged => "tombstones_purged",
             EventKind::TargetRemoved => "target_removed",
+            EventKind::StepDone => "step_done",
+            EventKind::PlaybookChanged => "playbook_changed",
+            EventKind::Approved => "approved",
         }
     }
 }

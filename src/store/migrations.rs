@@ -26,6 +26,8 @@ pub struct Migration {
     pub cleanup_planned_at: Option<DateTime<Utc>>,
     pub revert_planned_at: Option<DateTime<Utc>>,
     pub tombstones_purged_at: Option<DateTime<Utc>>,
+    /// After a rollback: when the target layout was removed.
+    pub target_removed_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -94,7 +96,8 @@ pub struct Transition {
 pub(super) const MIGRATION_COLUMNS: &str =
     "id, collection, from_version, to_version, phase, epoch, paused,
     failure_reason, settings, backfill_planned_at, backfill_completed_at, cleanup_planned_at,
-    revert_planned_at, tombstones_purged_at, created_at, updated_at, finished_at";
+    revert_planned_at, tombstones_purged_at, target_removed_at, created_at, updated_at,
+    finished_at";
 
 impl Store {
     /// Plans a migration of `collection` from version `from` to version `to`. Refused while the
@@ -114,43 +117,7 @@ impl Store {
         self.version(collection, Some(from)).await?;
         self.version(collection, Some(to)).await?;
         let mut tx = self.pool().begin().await?;
-        let inserted: Result<Migration, sqlx::Error> = sqlx::query_as(&format!(
-            "INSERT INTO migrations (collection, from_version, to_version)
-             VALUES ($1, $2, $3) RETURNING {MIGRATION_COLUMNS}"
-        ))
-        .bind(collection)
-        .bind(from)
-        .bind(to)
-        .fetch_one(&mut *tx)
-        .await;
-        let migration = match inserted {
-            Ok(m) => m,
-            Err(sqlx::Error::Database(db))
-                if db.constraint() == Some("migrations_one_active_per_collection") =>
-            {
-                drop(tx);
-                let active = self.active_migration(collection).await?;
-                return Err(StoreError::Conflict(match active {
-                    Some(m) => format!(
-                        "collection {collection:?} already has an active migration: \
-                         {} (v{} -> v{}, {}); finish or roll it back first",
-                        m.id,
-                        m.from_version,
-                        m.to_version,
-                        m.status_text()
-                    ),
-                    None => format!("collection {collection:?} already has an active migration"),
-                }));
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let mut created = NewEvent::new(
-            EventKind::Create,
-            json!({"from_version": from, "to_version": to}),
-        );
-        created.to = Some(Phase::Planned);
-        events::insert(&mut tx, &migration, actor, &created).await?;
-        notify(&mut tx, &migration).await?;
+        let migration = create_in(&mut tx, collection, from, to, actor).await?;
         tx.commit().await?;
         Ok(migration)
     }
@@ -299,6 +266,66 @@ impl Store {
             event_id: Some(event_id),
         })
     }
+}
+
+/// Creates a migration inside `conn`'s transaction, with its `create` event and notification.
+/// Refused while the collection has another active migration.
+pub(super) async fn create_in(
+    conn: &mut sqlx::PgConnection,
+    collection: &str,
+    from: i32,
+    to: i32,
+    actor: &str,
+) -> StoreResult<Migration> {
+    let active: Option<Migration> = sqlx::query_as(&format!(
+        "SELECT {MIGRATION_COLUMNS} FROM migrations
+         WHERE collection = $1 AND phase NOT IN ('completed', 'rolled_back')"
+    ))
+    .bind(collection)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let busy = |m: Option<Migration>| {
+        StoreError::Conflict(match m {
+            Some(m) => format!(
+                "collection {collection:?} already has an active migration: {} (v{} -> v{}, \
+                 {}); finish or roll it back first",
+                m.id,
+                m.from_version,
+                m.to_version,
+                m.status_text()
+            ),
+            None => format!("collection {collection:?} already has an active migration"),
+        })
+    };
+    if active.is_some() {
+        return Err(busy(active));
+    }
+    let inserted: Result<Migration, sqlx::Error> = sqlx::query_as(&format!(
+        "INSERT INTO migrations (collection, from_version, to_version)
+         VALUES ($1, $2, $3) RETURNING {MIGRATION_COLUMNS}"
+    ))
+    .bind(collection)
+    .bind(from)
+    .bind(to)
+    .fetch_one(&mut *conn)
+    .await;
+    let migration = match inserted {
+        Ok(m) => m,
+        Err(sqlx::Error::Database(db))
+            if db.constraint() == Some("migrations_one_active_per_collection") =>
+        {
+            return Err(busy(None));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut created = NewEvent::new(
+        EventKind::Create,
+        json!({"from_version": from, "to_version": to}),
+    );
+    created.to = Some(Phase::Planned);
+    events::insert(&mut *conn, &migration, actor, &created).await?;
+    notify(&mut *conn, &migration).await?;
+    Ok(migration)
 }
 
 /// Tells listeners (routers, workers, watchers) that a migration changed. Delivered on commit.

@@ -8,6 +8,7 @@ pub mod events;
 mod gates;
 pub mod migrations;
 pub mod partitions;
+pub mod playbooks;
 pub mod reconcile;
 pub mod routers;
 pub mod shards;

@@ -182,6 +182,15 @@ impl Store {
         Ok((before, after))
     }
 
+    /// Notes that the target layout was removed after a rollback.
+    pub async fn mark_target_removed(&self, migration_id: i64) -> StoreResult<()> {
+        sqlx::query("UPDATE migrations SET target_removed_at = now() WHERE id = $1")
+            .bind(migration_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
     /// Notes that the target's tombstones were purged after `completed`.
     pub async fn mark_tombstones_purged(&self, migration_id: i64) -> StoreResult<()> {
         sqlx::query("UPDATE migrations SET tombstones_purged_at = now() WHERE id = $1")

@@ -41,10 +41,13 @@
 //! `{binary: <hex>}` (subtype 0; add `subtype: <n>` for another subtype). Quote
 //! string tenants that YAML would read as numbers or booleans (`"0042"`, `"true"`).
 
+pub mod playbook;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::routing::{
     KeyValue, Layout, PlacementRange, RoutingVersion, TenantBuckets, TenantShard,
@@ -97,21 +100,77 @@ const TENANT_TABLE_FIELDS: &[&str] = &["tenants", "default_shard"];
 const TENANT_FORMS: &str =
     "a string, an integer, {oid: <24 hex digits>}, {uuid: <uuid>} or {binary: <hex>}";
 
-#[derive(Deserialize)]
+/// A routing version as written in a spec file or in a playbook's `source` / `target`: the
+/// fields before conversion (see the module docs).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, expecting = "a mapping of routing version fields")]
-struct RawSpec {
+pub struct VersionSpec {
+    /// The document field that routes (the tenant key), e.g. `customerId`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     tenant_key: Option<String>,
+    /// The id field (default `_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     id_field: Option<String>,
+    /// `hashed`, `fanout` or `tenant_table`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["hashed", "fanout", "tenant_table"]))]
     layout: Option<String>,
+    /// V: the number of virtual buckets (default 1024), fixed for a collection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     virtual_buckets: Option<u32>,
+    /// Buckets of a tenant without an override (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     default_buckets: Option<u32>,
+    /// Per-tenant bucket counts (hot tenants).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     tenant_buckets: Option<Vec<RawTenantBuckets>>,
+    /// A field every document written in this layout carries its sub-bucket in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     routing_field: Option<String>,
+    /// Half-open vbucket ranges covering `[0, V)` exactly once, each on a shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     placement: Option<Vec<RawPlacement>>,
+    /// Per-shard collection names (default: the collection's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     collections: Option<BTreeMap<String, String>>,
+    /// `fanout`: the shards a document may be on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     shards: Option<Vec<String>>,
+    /// `tenant_table`: tenant to shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     tenants: Option<Vec<RawTenantShard>>,
+    /// `tenant_table`: the shard of tenants not in the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     default_shard: Option<String>,
+}
+
+type RawSpec = VersionSpec;
+
+/// The forms a tenant is written in (for the JSON Schema; the spec reads them from YAML).
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+#[serde(untagged)]
+enum TenantForm {
+    /// A string key.
+    String(String),
+    /// An integer key.
+    Int(i64),
+    /// An ObjectId, 24 hex digits.
+    ObjectId {
+        oid: String,
+    },
+    /// A UUID.
+    Uuid {
+        uuid: String,
+    },
+    /// Binary data in hex (subtype 0 unless given).
+    Binary {
+        binary: String,
+        #[serde(default)]
+        subtype: Option<u8>,
+    },
 }
 
 impl RawSpec {
@@ -134,23 +193,28 @@ impl RawSpec {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, expecting = "a mapping with tenant and buckets")]
 struct RawTenantBuckets {
+    #[schemars(with = "TenantForm")]
     tenant: serde_yaml::Value,
+    #[schemars(range(min = 1))]
     buckets: u32,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, expecting = "a mapping with vbuckets and shard")]
 struct RawPlacement {
+    /// `[start, end]`, half-open.
+    #[schemars(length(min = 2, max = 2))]
     vbuckets: Vec<u32>,
     shard: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, expecting = "a mapping with tenant and shard")]
 struct RawTenantShard {
+    #[schemars(with = "TenantForm")]
     tenant: serde_yaml::Value,
     shard: String,
 }
@@ -163,6 +227,11 @@ impl Problems {
     fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push((path.into(), message.into()));
     }
+}
+
+/// A version spec as the text stored with a version registered from a playbook.
+pub fn spec_text(spec: &VersionSpec) -> String {
+    serde_yaml::to_string(spec).unwrap_or_default()
 }
 
 /// Parses a spec file into version 0 of `collection`.
@@ -197,8 +266,35 @@ pub fn parse_version_spec(
     }
     let raw: RawSpec =
         serde_yaml::from_str(text).map_err(|error| vec![yaml_error(file, &error)])?;
-
     let mut problems = Problems::default();
+    match version_from_spec(&raw, collection, "", &mut problems) {
+        Some(version) if problems.0.is_empty() => Ok(version),
+        _ => Err(located(problems)),
+    }
+}
+
+/// Converts a version spec into version 0 of `collection`, adding every problem to
+/// `problems` with its field path under `prefix` (`""` for a spec file, `target.` in a
+/// playbook).
+fn version_from_spec(
+    raw: &VersionSpec,
+    collection: &str,
+    prefix: &str,
+    outer: &mut Problems,
+) -> Option<RoutingVersion> {
+    let mut problems = Problems::default();
+    let version = version_problems(raw, collection, &mut problems);
+    for (path, message) in problems.0 {
+        outer.add(format!("{prefix}{path}"), message);
+    }
+    version
+}
+
+fn version_problems(
+    raw: &VersionSpec,
+    collection: &str,
+    problems: &mut Problems,
+) -> Option<RoutingVersion> {
     let tenant_key = raw.tenant_key.clone().unwrap_or_else(|| {
         problems.add(
             "tenant_key",
@@ -216,9 +312,9 @@ pub fn parse_version_spec(
             problems.add("layout", "missing; choose hashed, fanout or tenant_table");
             None
         }
-        Some("hashed") => Some(hashed_layout(&raw, &mut problems)),
-        Some("fanout") => Some(fanout_layout(&raw, &mut problems)),
-        Some("tenant_table") => Some(tenant_table_layout(&raw, &mut problems)),
+        Some("hashed") => Some(hashed_layout(raw, problems)),
+        Some("fanout") => Some(fanout_layout(raw, problems)),
+        Some("tenant_table") => Some(tenant_table_layout(raw, problems)),
         Some(other) => {
             problems.add(
                 "layout",
@@ -250,12 +346,12 @@ pub fn parse_version_spec(
     }
 
     match layout {
-        Some(layout) if problems.0.is_empty() => {
-            Ok(RoutingVersion::new(collection, tenant_key, layout)
+        Some(layout) if problems.0.is_empty() => Some(
+            RoutingVersion::new(collection, tenant_key, layout)
                 .with_id_field(id_field)
-                .with_collections(raw.collections.unwrap_or_default()))
-        }
-        _ => Err(located(problems)),
+                .with_collections(raw.collections.clone().unwrap_or_default()),
+        ),
+        _ => None,
     }
 }
 

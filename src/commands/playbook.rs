@@ -1,0 +1,365 @@
+//! `reshard playbook validate|schema`, `reshard run`, `reshard approve`, `reshard plan`.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::cli::{OutputFormat, PlanArgs, PlaybookCommand, RunArgs};
+use crate::commands::Ctx;
+use crate::driver::playbook::{RunEnd, RunOptions};
+use crate::driver::{Driver, Progress, StepState, TaskProgress};
+use crate::error::{Error, Result};
+use crate::output;
+use crate::spec::playbook::{parse_playbook, schema, Action, Playbook};
+use crate::store::partitions::Task;
+
+/// Reads and checks a playbook file: every problem at once, exit 2.
+pub fn read(file: &Path) -> Result<Playbook> {
+    let shown = file.display().to_string();
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::bad_input(format!("{shown}: cannot read: {e}")))?;
+    parse_playbook(&shown, &text).map_err(|errors| {
+        Error::bad_input(
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+    })
+}
+
+pub fn run(format: OutputFormat, cmd: PlaybookCommand) -> Result<()> {
+    match cmd {
+        PlaybookCommand::Schema => output::json(&schema()),
+        PlaybookCommand::Validate { file } => {
+            let pb = read(&file)?;
+            let steps: Vec<_> = pb
+                .steps
+                .iter()
+                .map(|s| json!({ "name": s.name, "action": describe(&s.action) }))
+                .collect();
+            let value = json!({
+                "file": file.display().to_string(),
+                "valid": true,
+                "name": pb.doc.name,
+                "collection": pb.doc.collection,
+                "steps": steps,
+            });
+            output::emit(format, &value, || {
+                println!(
+                    "{} is valid: playbook {:?} moves {} in {} step(s):",
+                    file.display(),
+                    pb.doc.name,
+                    pb.doc.collection,
+                    pb.steps.len()
+                );
+                for (i, s) in pb.steps.iter().enumerate() {
+                    println!("  {:>2}. {:<20} {}", i + 1, s.name, describe(&s.action));
+                }
+            })
+        }
+    }
+}
+
+/// One line for a step.
+fn describe(action: &Action) -> String {
+    match action {
+        Action::Advance { to, .. } => format!("advance to {to}"),
+        Action::Backfill(w) => format!("backfill ({})", workers(w.workers)),
+        Action::Reconcile(r) => format!(
+            "reconcile ({}{})",
+            if r.full {
+                "full".to_owned()
+            } else {
+                format!("{} samples per stratum", r.sample)
+            },
+            if r.repair { ", repair" } else { "" }
+        ),
+        Action::Soak(s) => format!("soak for {}", humantime::format_duration(s.duration)),
+        Action::Approve { .. } => "wait for an approval".into(),
+        Action::Cleanup(w) => format!("cleanup ({})", workers(w.workers)),
+        Action::Complete { .. } => "complete".into(),
+        Action::Rollback(w) => format!("roll back ({})", workers(w.workers)),
+    }
+}
+
+fn workers(n: Option<usize>) -> String {
+    match n {
+        None => "workers from --workers".into(),
+        Some(0) => "external workers".into(),
+        Some(n) => format!("{n} worker(s) here"),
+    }
+}
+
+pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
+    let pb = read(&args.file)?;
+    let progress = Arc::new(Screen::new(ctx.output));
+    let driver = Driver::new(ctx.store.clone(), ctx.actor.clone(), progress.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Ctrl-C (or SIGTERM): workers release their leases, the run ends; run again to continue.
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = stop_tx.send(true);
+    });
+    let options = RunOptions {
+        dry_run: args.dry_run,
+        workers: args.workers as usize,
+        shutdown: stop_rx,
+    };
+    let end = crate::driver::playbook::run(&driver, &pb, &options).await;
+    progress.clear();
+    let end = end?;
+    let name = &pb.doc.name;
+    match &end {
+        RunEnd::Done { migration, phase } => {
+            let value = json!({ "playbook": name, "migration": migration, "end": "done", "phase": phase });
+            output::emit(ctx.output, &value, || {
+                println!("playbook {name:?}: every step done; migration {migration} is {phase}")
+            })
+        }
+        RunEnd::WaitingForApproval {
+            migration,
+            step,
+            command,
+            message,
+        } => {
+            let value = json!({
+                "playbook": name, "migration": migration, "end": "waiting_for_approval",
+                "step": step, "command": command, "message": message,
+            });
+            output::emit(ctx.output, &value, || {
+                println!("playbook {name:?} stops at step {step:?}, which waits for an approval.");
+                if let Some(m) = message {
+                    println!("  {m}");
+                }
+                println!("To go on: {command}");
+                println!("then run the playbook again: reshard run {}", args.file.display());
+            })
+        }
+        RunEnd::DryRun { migration, steps } => {
+            let value = json!({
+                "playbook": name, "migration": migration, "end": "dry_run",
+                "steps": steps.iter().map(|(s, w)| json!({ "step": s, "would": w })).collect::<Vec<_>>(),
+            });
+            output::emit(ctx.output, &value, || {
+                println!(
+                    "dry run of playbook {name:?} ({}); nothing changed:",
+                    match migration {
+                        Some(m) => format!("migration {m}"),
+                        None => "not started yet".into(),
+                    }
+                );
+                for (s, w) in steps {
+                    println!("  {s:<20} {w}");
+                }
+            })
+        }
+        RunEnd::Interrupted { migration, step } => {
+            let value = json!({ "playbook": name, "migration": migration, "end": "interrupted", "step": step });
+            output::emit(ctx.output, &value, || {
+                println!(
+                    "playbook {name:?} stopped in step {step:?}; run it again to continue"
+                )
+            })?;
+            Err(Error::failed(format!("stopped in step {step:?}")))
+        }
+    }
+}
+
+pub async fn approve(ctx: &Ctx, name: &str, step: &str, reason: Option<String>) -> Result<()> {
+    let row = ctx.store.playbook(name).await?.ok_or_else(|| {
+        Error::bad_input(format!(
+            "no playbook named {name:?} has run yet (`reshard run FILE` starts it)"
+        ))
+    })?;
+    let steps = row.content["steps"].as_array().cloned().unwrap_or_default();
+    let approvals: Vec<(usize, String)> = steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.get("approve").is_some())
+        .map(|(i, s)| (i, s["name"].as_str().unwrap_or_default().to_owned()))
+        .collect();
+    let Some((position, _)) = approvals.iter().find(|(_, n)| n == step) else {
+        return Err(Error::bad_input(format!(
+            "playbook {name:?} has no approval step {step:?}; its approval steps: {}",
+            if approvals.is_empty() {
+                "none".to_owned()
+            } else {
+                approvals
+                    .iter()
+                    .map(|(_, n)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        )));
+    };
+    ctx.store
+        .approve_step(name, *position as i32, step, &ctx.actor, reason.as_deref())
+        .await?;
+    let value = json!({ "playbook": name, "step": step, "approved_by": ctx.actor });
+    output::emit(ctx.output, &value, || {
+        println!(
+            "step {step:?} of playbook {name:?} approved by {}; run the playbook again to go on",
+            ctx.actor
+        )
+    })
+}
+
+pub async fn plan(ctx: &Ctx, args: PlanArgs) -> Result<()> {
+    let pb = read(&args.file)?;
+    let driver = Driver::new(ctx.store.clone(), ctx.actor.clone(), Arc::new(crate::driver::Quiet));
+    let report = crate::driver::capacity::plan(&driver, &pb).await?;
+    output::emit(ctx.output, &report, || super::capacity::print(&report))
+}
+
+/// The run's progress on stderr: a line per step, a bar per task on a terminal (log lines
+/// otherwise).
+struct Screen {
+    output: OutputFormat,
+    terminal: bool,
+    bar: Mutex<Option<(Task, ProgressBar)>>,
+    last_line: Mutex<Option<Instant>>,
+}
+
+impl Screen {
+    fn new(output: OutputFormat) -> Self {
+        Screen {
+            output,
+            terminal: std::io::stderr().is_terminal(),
+            bar: Mutex::default(),
+            last_line: Mutex::default(),
+        }
+    }
+
+    fn clear(&self) {
+        if let Some((_, bar)) = self.bar.lock().expect("bar lock").take() {
+            bar.finish_and_clear();
+        }
+    }
+
+    fn line(&self, text: &str) {
+        match self.bar.lock().expect("bar lock").as_ref() {
+            Some((_, bar)) => bar.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+}
+
+impl Progress for Screen {
+    fn moved(&self, t: &crate::store::migrations::Transition, dry_run: bool) {
+        if self.output == OutputFormat::Text && !dry_run {
+            let (from, to) = (&t.change.from, &t.change.to);
+            self.line(&format!(
+                "      migration {}: {} -> {} (epoch {})",
+                t.migration.id, from.phase, to.phase, to.epoch
+            ));
+        }
+    }
+
+    fn waiting(
+        &self,
+        migration: &crate::store::migrations::Migration,
+        routers: &[crate::store::routers::Unacknowledged],
+    ) {
+        let names: Vec<String> = routers.iter().map(|r| r.label()).collect();
+        self.line(&format!(
+            "      waiting for {} router(s) to acknowledge epoch {}: {}",
+            routers.len(),
+            migration.epoch,
+            names.join(", ")
+        ));
+    }
+
+    fn counted_out(&self, r: &crate::store::routers::Unacknowledged) {
+        self.line(&format!(
+            "      router {} counted out: its lease ran out at {}",
+            r.label(),
+            r.lease_expires_at.to_rfc3339()
+        ));
+    }
+
+    fn finished(
+        &self,
+        migration: i64,
+        kind: crate::store::events::EventKind,
+        details: &serde_json::Value,
+    ) {
+        self.line(&format!("      migration {migration}: {kind}: {details}"));
+    }
+
+    fn note(&self, message: &str) {
+        let mut last = self.last_line.lock().expect("line lock");
+        // Notes that repeat every second (a soak's countdown) are thinned out.
+        if message.starts_with("soak:") && last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        drop(last);
+        self.line(&format!("      {message}"));
+    }
+
+    fn step(&self, position: usize, count: usize, name: &str, state: &StepState) {
+        self.clear();
+        let at = format!("[{}/{count}] {name}", position + 1);
+        let text = match state {
+            StepState::AlreadyDone => format!("{at}: done earlier"),
+            StepState::Started => format!("{at} ..."),
+            StepState::Done(outcome) => format!("{at}: done {outcome}"),
+            StepState::Waiting(why) => format!("{at}: {why}"),
+            StepState::Failed(why) => format!("{at}: FAILED: {why}"),
+        };
+        eprintln!("{text}");
+    }
+
+    fn task(&self, p: &TaskProgress) {
+        let total = p.approx_documents.max(p.documents).max(1) as u64;
+        if self.terminal {
+            let mut bar = self.bar.lock().expect("bar lock");
+            if bar.as_ref().is_none_or(|(t, _)| *t != p.task) {
+                let b = ProgressBar::new(total);
+                b.set_style(
+                    ProgressStyle::with_template(
+                        "      {prefix:9} [{bar:30}] {pos}/{len} docs  {msg}  ETA {eta}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                );
+                b.set_prefix(p.task.to_string());
+                *bar = Some((p.task, b));
+            }
+            let (_, b) = bar.as_ref().expect("set above");
+            b.set_length(total);
+            b.set_position(p.documents.max(0) as u64);
+            b.set_message(format!(
+                "{:.0} docs/s, partitions {}/{}",
+                p.docs_per_sec, p.done, p.partitions
+            ));
+            return;
+        }
+        let mut last = self.last_line.lock().expect("line lock");
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(5)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        let eta = if p.docs_per_sec > 0.0 {
+            let left = (p.approx_documents - p.documents).max(0) as f64 / p.docs_per_sec;
+            format!("{left:.0}s")
+        } else {
+            "-".into()
+        };
+        eprintln!(
+            "      {}: {} of ~{} documents, partitions {}/{}, {:.0} docs/s, ETA {eta}",
+            p.task, p.documents, p.approx_documents, p.done, p.partitions, p.docs_per_sec
+        );
+    }
+}

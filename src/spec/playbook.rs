@@ -1,0 +1,1357 @@
+//! Playbooks: a migration as a file an operator keeps in version control: what moves (the
+//! collection, its shards, the source and target versions), how carefully (settings), and
+//! the steps, in order. `reshard run` executes what remains of them from the state stored in
+//! PostgreSQL.
+//!
+//! A playbook is read in three passes, so that every problem is reported at once:
+//! 1. YAML syntax (the first error stops here: nothing after it can be read);
+//! 2. its shape, against the JSON Schema generated from the types below ([`schema`]):
+//!    unknown fields, wrong types, values outside the allowed ones, missing fields;
+//! 3. its meaning: the routing versions, durations, settings, step names and order.
+//!
+//! Each problem is `file:line:column: field path: what is wrong` and, where a choice is
+//! fixed, the allowed values.
+//!
+//! ```yaml
+//! apiVersion: reshard/v1
+//! name: orders-hot-tenant          # names the migration in the state store
+//! collection: orders
+//! shards:                          # registered if missing (URIs may use ${ENV_VAR})
+//!   - {name: s1, uri: "${RESHARD_S1_URI}", database: shop}
+//! source: {version: 1}             # or {spec: {<version spec fields>}}
+//! target:                          # the version spec fields (README, "Version spec format")
+//!   tenant_key: customerId
+//!   layout: hashed
+//!   tenant_buckets: [{tenant: cust-hot, buckets: 16}]
+//!   routing_field: bucket
+//!   placement: [{vbuckets: [0, 1024], shard: s1}]
+//! settings: {max_docs_per_sec: 5000, batch_size: 1000}
+//! steps:                           # optional: the whole forward path by default
+//!   - advance: dual_read
+//!   - advance: {to: write_switch, switch_timeout: 5s}
+//!   - backfill: {workers: 2}
+//!   - reconcile: {sample: 200, repair: true}
+//!   - soak: 10m
+//!   - advance: new_reads
+//!   - name: go-ahead
+//!     approve: {message: "check the dashboards"}
+//!   - cleanup: {workers: 2}
+//!   - complete: {}
+//! ```
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{version_from_spec, yaml_error, Problems, SpecError, VersionSpec, YamlLocator};
+use crate::phase::Phase;
+use crate::routing::{KeyValue, RoutingVersion};
+use crate::settings::MigrationSettings;
+
+/// The format version this module reads.
+pub const API_VERSION: &str = "reshard/v1";
+
+// ---------------------------------------------------------------------------------------------
+// The document, as written.
+
+/// A reshard playbook.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "reshard playbook")]
+pub struct PlaybookDoc {
+    /// The format version: `reshard/v1`.
+    #[serde(rename = "apiVersion")]
+    pub api_version: ApiVersion,
+    /// The playbook's name: the migration it drives is found by it. Lower-case letters,
+    /// digits, `.`, `_` and `-`.
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
+    pub name: String,
+    /// The collection that moves.
+    #[schemars(length(min = 1, max = 120))]
+    pub collection: String,
+    /// The MongoDB locations the versions use, registered when missing. A URI may reference
+    /// `${ENV_VAR}`: each process resolves it when it connects; it is stored unexpanded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardDoc>,
+    /// Where the documents are today: an existing version, or a declared layout.
+    pub source: SourceDoc,
+    /// Where they should be: the fields of a version spec.
+    pub target: VersionSpec,
+    /// How carefully to go.
+    #[serde(default)]
+    pub settings: SettingsDoc,
+    /// The capacity planner's inputs (`reshard plan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityDoc>,
+    /// The steps, in order. Left out: the whole forward path, with an approval before
+    /// cleanup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<StepDoc>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub enum ApiVersion {
+    #[serde(rename = "reshard/v1")]
+    V1,
+}
+
+/// A MongoDB location.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShardDoc {
+    #[schemars(regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"))]
+    pub name: String,
+    /// `mongodb://...` or `mongodb+srv://...`, or `${ENV_VAR}` holding one.
+    #[schemars(length(min = 1))]
+    pub uri: String,
+    #[schemars(length(min = 1, max = 63))]
+    pub database: String,
+}
+
+/// The source version: `{version: N}` (registered already) or `{spec: {...}}` (a layout
+/// reshard did not make, declared here).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{ "required": ["version"] }, { "required": ["spec"] }]))]
+pub struct SourceDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub version: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<VersionSpec>,
+}
+
+/// A migration's settings; what is left out keeps its default (`reshard throttle show`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsDoc {
+    /// Documents per second across all workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_docs_per_sec: Option<f64>,
+    /// Documents per batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub batch_size: Option<usize>,
+    /// Write commands in flight per target shard, per worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_in_flight_per_shard: Option<usize>,
+    /// A batch slower than this halves the rate (`500ms`, `2s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_batch_latency: Option<String>,
+    /// Overload lasting this long is a capacity signal (`30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_signal_after: Option<String>,
+    /// The planner aims at partitions of about this many documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub documents_per_partition: Option<u64>,
+    /// Reconciliation gate: the most missing documents a passing run may find.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_missing: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mismatched: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_misplaced: Option<u64>,
+    /// Cumulative percentages of the cleanup partitions, e.g. `[1, 10, 100]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 3))]
+    pub cleanup_waves: Option<Vec<f64>>,
+    /// Drop a source collection cleanup emptied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_empty_source: Option<bool>,
+}
+
+/// The capacity planner's inputs.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityDoc {
+    /// The writes per second one shard may take.
+    #[schemars(range(min = 0.001))]
+    pub per_shard_write_limit: f64,
+    /// Spare capacity to plan for: 0.3 is 30 % on top of the peak rate (default 0.25).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 10.0))]
+    pub headroom: Option<f64>,
+    /// A document field with its write time: rates are measured over `window` from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_field: Option<String>,
+    /// How far back `timestamp_field` counts writes (`1h`; default `10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    /// Peak write rates known from elsewhere (they win over measured ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenant_rates: Vec<TenantRateDoc>,
+    /// Documents sampled per source location (default 2000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub sample: Option<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRateDoc {
+    #[schemars(with = "super::TenantForm")]
+    pub tenant: serde_yaml::Value,
+    #[schemars(range(min = 0.0))]
+    pub peak_writes_per_sec: f64,
+}
+
+/// One step: exactly one kind, and an optional name (unique; the default derives from the
+/// kind).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+pub struct StepDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(flatten)]
+    pub kind: StepKindDoc,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKindDoc {
+    /// Move to a phase (and through the ones before it), waiting for every router.
+    Advance(AdvanceDoc),
+    /// Copy the old documents: workers in this process (`workers: N`) or elsewhere
+    /// (`workers: 0`); waits for the backfill gate.
+    Backfill(WorkersDoc),
+    /// Counts and samples (or everything) decide the reconciliation gate.
+    Reconcile(ReconcileDoc),
+    /// Wait, and fail on new findings, lasting overload, dead letters or router errors.
+    Soak(SoakDoc),
+    /// A manual gate: `reshard run` stops here until `reshard approve NAME --step S`.
+    Approve(ApproveDoc),
+    /// Delete the moved documents from the source, in waves.
+    Cleanup(WorkersDoc),
+    /// Move to `completed`: purge tombstones (and drop emptied sources when configured).
+    Complete(CompleteDoc),
+    /// Roll back from where the migration stands: copy the application's writes back and
+    /// end in `rolled_back`.
+    Rollback(WorkersDoc),
+}
+
+/// `advance: PHASE` or `advance: {to: PHASE, timeout: 60s, switch_timeout: 5s}`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum AdvanceDoc {
+    To(ForwardPhase),
+    With(AdvanceWith),
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdvanceWith {
+    pub to: ForwardPhase,
+    /// How long the barrier waits for routers (default `60s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// How long the write switch holds writes before it goes back (default `5s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_timeout: Option<String>,
+}
+
+/// The phases a playbook advances to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardPhase {
+    DualRead,
+    WriteSwitch,
+    NewWrites,
+    Backfill,
+    Reconcile,
+    NewReads,
+    Cleanup,
+    Completed,
+}
+
+impl ForwardPhase {
+    pub fn phase(self) -> Phase {
+        match self {
+            ForwardPhase::DualRead => Phase::DualRead,
+            ForwardPhase::WriteSwitch => Phase::WriteSwitch,
+            ForwardPhase::NewWrites => Phase::NewWrites,
+            ForwardPhase::Backfill => Phase::Backfill,
+            ForwardPhase::Reconcile => Phase::Reconcile,
+            ForwardPhase::NewReads => Phase::NewReads,
+            ForwardPhase::Cleanup => Phase::Cleanup,
+            ForwardPhase::Completed => Phase::Completed,
+        }
+    }
+}
+
+/// Workers of a backfill, cleanup or rollback step, and the throttle while it runs.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkersDoc {
+    /// Workers in this process (default: `reshard run --workers`, else 2); 0: workers run
+    /// elsewhere (`reshard worker`) and the step waits for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 64))]
+    pub workers: Option<usize>,
+    /// Documents per batch while the step runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub batch_size: Option<usize>,
+    /// Documents per second across all workers while the step runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub rate: Option<f64>,
+    /// Write commands in flight per target shard, per worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub in_flight: Option<usize>,
+    /// A batch slower than this halves the rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_target: Option<String>,
+    /// How long a worker's partition lease lasts without a heartbeat (default `30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl: Option<String>,
+    /// Cleanup: cumulative wave percentages, e.g. `[1, 10, 100]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 3))]
+    pub waves: Option<Vec<f64>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileDoc {
+    /// Samples per stratum (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub sample: Option<usize>,
+    /// How samples are grouped (default `shard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strata: Option<StrataDoc>,
+    /// How long to wait before findings are checked again (default `2s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recheck_delay: Option<String>,
+    /// Check every document instead of samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full: Option<bool>,
+    /// Repair what a run finds and run again (up to `attempts` runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<bool>,
+    /// Runs at most (default 3 with `repair`, else 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 20))]
+    pub attempts: Option<u32>,
+    /// Gate thresholds for this step (the settings' by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_missing: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mismatched: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_misplaced: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StrataDoc {
+    Shard,
+    Tenant,
+    Bucket,
+}
+
+/// `soak: DURATION` or `soak: {duration, max_findings, max_dead_letters, max_router_errors,
+/// overload_for}`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum SoakDoc {
+    For(String),
+    With(SoakWith),
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SoakWith {
+    pub duration: String,
+    /// New reconciliation findings allowed while soaking (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_findings: Option<u64>,
+    /// Open dead letters allowed (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_dead_letters: Option<u64>,
+    /// Errors routers report while soaking (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_router_errors: Option<u64>,
+    /// Overload (a capacity signal) lasting this long fails the step (default: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overload_for: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApproveDoc {
+    /// Shown to whoever approves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteDoc {
+    /// How long the last barrier waits for routers (default `60s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+/// The step kinds, as the JSON Schema lists them.
+const STEP_KINDS: [&str; 8] = [
+    "advance",
+    "backfill",
+    "reconcile",
+    "soak",
+    "approve",
+    "cleanup",
+    "complete",
+    "rollback",
+];
+
+impl JsonSchema for StepDoc {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Step".into()
+    }
+
+    /// An object with an optional `name` and exactly one kind: each kind's value is described
+    /// by its own type, and no other field is allowed.
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut properties = serde_json::Map::new();
+        properties.insert(
+            "name".into(),
+            serde_json::json!({ "type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$" }),
+        );
+        let kinds: [(&str, schemars::Schema); 8] = [
+            ("advance", generator.subschema_for::<AdvanceDoc>()),
+            ("backfill", generator.subschema_for::<WorkersDoc>()),
+            ("reconcile", generator.subschema_for::<ReconcileDoc>()),
+            ("soak", generator.subschema_for::<SoakDoc>()),
+            ("approve", generator.subschema_for::<ApproveDoc>()),
+            ("cleanup", generator.subschema_for::<WorkersDoc>()),
+            ("complete", generator.subschema_for::<CompleteDoc>()),
+            ("rollback", generator.subschema_for::<WorkersDoc>()),
+        ];
+        for (name, schema) in kinds {
+            properties.insert(name.into(), schema.to_value());
+        }
+        let one_of: Vec<serde_json::Value> = STEP_KINDS
+            .iter()
+            .map(|k| serde_json::json!({ "required": [k] }))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "type": "object",
+            "description": "One step: exactly one of advance, backfill, reconcile, soak, approve, cleanup, complete, rollback, and an optional name.",
+            "properties": properties,
+            "additionalProperties": false,
+            "oneOf": one_of,
+        }))
+        .expect("a valid schema")
+    }
+}
+
+/// The JSON Schema of playbooks, generated from the types above: editors use it, and
+/// [`parse_playbook`] checks every playbook's shape against it.
+pub fn schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(PlaybookDoc)).expect("the schema serialises")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The playbook, resolved.
+
+/// A playbook, read and checked: versions converted, durations parsed, defaults in place.
+#[derive(Clone, Debug)]
+pub struct Playbook {
+    /// What was written, with every step named: pinned to the migration, and compared with
+    /// later edits.
+    pub doc: PlaybookDoc,
+    pub source: Source,
+    pub target: RoutingVersion,
+    /// The settings the playbook gives, over the defaults.
+    pub settings: MigrationSettings,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A version registered already.
+    Version(i32),
+    /// A layout declared in the playbook.
+    Spec(RoutingVersion),
+}
+
+/// A step, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub name: String,
+    pub action: Action,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Advance {
+        to: Phase,
+        timeout: Duration,
+        switch_timeout: Duration,
+    },
+    Backfill(Workers),
+    Reconcile(Reconcile),
+    Soak(Soak),
+    Approve {
+        message: Option<String>,
+    },
+    Cleanup(Workers),
+    Complete {
+        timeout: Duration,
+    },
+    Rollback(Workers),
+}
+
+impl Action {
+    /// The phase the migration is in once the step is done (`None`: it does not move it).
+    pub fn reaches(&self) -> Option<Phase> {
+        match self {
+            Action::Advance { to, .. } => Some(match to {
+                // The write switch moves on to new_writes by itself.
+                Phase::WriteSwitch => Phase::NewWrites,
+                other => *other,
+            }),
+            Action::Backfill(_) => Some(Phase::Backfill),
+            Action::Reconcile(_) => Some(Phase::Reconcile),
+            Action::Cleanup(_) => Some(Phase::Cleanup),
+            Action::Complete { .. } => Some(Phase::Completed),
+            Action::Rollback(_) => Some(Phase::RolledBack),
+            Action::Soak(_) | Action::Approve { .. } => None,
+        }
+    }
+}
+
+/// Workers and throttle of a step. `workers` of `None` takes the `--workers` of `reshard run`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workers {
+    pub workers: Option<usize>,
+    pub lease_ttl: Duration,
+    pub batch_size: Option<usize>,
+    pub rate: Option<f64>,
+    pub in_flight: Option<usize>,
+    pub latency_target: Option<Duration>,
+    pub waves: Option<[f64; 3]>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reconcile {
+    pub sample: usize,
+    pub strata: StrataDoc,
+    pub recheck_delay: Duration,
+    pub full: bool,
+    pub repair: bool,
+    pub attempts: u32,
+    pub max_missing: Option<u64>,
+    pub max_mismatched: Option<u64>,
+    pub max_misplaced: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Soak {
+    pub duration: Duration,
+    pub max_findings: u64,
+    pub max_dead_letters: u64,
+    pub max_router_errors: u64,
+    /// `None`: any capacity signal fails the step.
+    pub overload_for: Option<Duration>,
+}
+
+/// The steps of a playbook that leaves them out: the whole forward path, with an approval
+/// before cleanup.
+pub fn default_steps() -> Vec<StepDoc> {
+    let step = |kind| StepDoc { name: None, kind };
+    let advance = |p| step(StepKindDoc::Advance(AdvanceDoc::To(p)));
+    vec![
+        advance(ForwardPhase::DualRead),
+        advance(ForwardPhase::WriteSwitch),
+        step(StepKindDoc::Backfill(WorkersDoc::default())),
+        step(StepKindDoc::Reconcile(ReconcileDoc::default())),
+        advance(ForwardPhase::NewReads),
+        StepDoc {
+            name: Some("approve-cleanup".into()),
+            kind: StepKindDoc::Approve(ApproveDoc {
+                message: Some(
+                    "the new layout serves every read; cleanup deletes the moved documents \
+                     from the source, after which the migration can no longer roll back"
+                        .into(),
+                ),
+            }),
+        },
+        step(StepKindDoc::Cleanup(WorkersDoc::default())),
+        step(StepKindDoc::Complete(CompleteDoc::default())),
+    ]
+}
+
+/// The name a step gets when it has none: its kind, and for `advance` its phase.
+fn default_name(kind: &StepKindDoc) -> String {
+    match kind {
+        StepKindDoc::Advance(AdvanceDoc::To(p) | AdvanceDoc::With(AdvanceWith { to: p, .. })) => {
+            Phase::from(*p).as_str().to_owned()
+        }
+        StepKindDoc::Backfill(_) => "backfill".into(),
+        StepKindDoc::Reconcile(_) => "reconcile".into(),
+        StepKindDoc::Soak(_) => "soak".into(),
+        StepKindDoc::Approve(_) => "approve".into(),
+        StepKindDoc::Cleanup(_) => "cleanup".into(),
+        StepKindDoc::Complete(_) => "complete".into(),
+        StepKindDoc::Rollback(_) => "rollback".into(),
+    }
+}
+
+impl From<ForwardPhase> for Phase {
+    fn from(p: ForwardPhase) -> Phase {
+        p.phase()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading.
+
+/// Reads a playbook. Every problem is reported, located (see the module docs); `file` only
+/// names the file in them.
+pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>> {
+    let locator = YamlLocator::new(text);
+    let located = |problems: Problems| -> Vec<SpecError> {
+        problems
+            .0
+            .into_iter()
+            .map(|(path, message)| locator.error(file, path, message))
+            .collect()
+    };
+    let value: serde_yaml::Value =
+        serde_yaml::from_str(text).map_err(|e| vec![yaml_error(file, &e)])?;
+    if value.is_null() {
+        let mut p = Problems::default();
+        p.add(
+            "",
+            "the playbook is empty; it needs apiVersion, name, collection, source and target",
+        );
+        return Err(located(p));
+    }
+    let json = match serde_json::to_value(&value) {
+        Ok(json) => json,
+        Err(e) => {
+            let mut p = Problems::default();
+            p.add("", format!("not a playbook: {e} (keys must be strings)"));
+            return Err(located(p));
+        }
+    };
+    let shape = shape_problems(&json);
+    if !shape.0.is_empty() {
+        return Err(located(shape));
+    }
+    let doc: PlaybookDoc = match serde_yaml::from_value(value) {
+        Ok(doc) => doc,
+        // The schema accepted it: a mismatch between schema and types is a bug, reported
+        // rather than hidden.
+        Err(e) => {
+            let mut p = Problems::default();
+            p.add("", format!("cannot read the playbook: {e}"));
+            return Err(located(p));
+        }
+    };
+    let mut problems = Problems::default();
+    let playbook = resolve(doc, &mut problems);
+    match playbook {
+        Some(playbook) if problems.0.is_empty() => Ok(playbook),
+        _ => Err(located(problems)),
+    }
+}
+
+/// Every problem of the document's shape, by the JSON Schema.
+fn shape_problems(json: &serde_json::Value) -> Problems {
+    let schema = schema();
+    let validator = jsonschema::validator_for(&schema).expect("the generated schema compiles");
+    let mut problems = Problems::default();
+    let mut seen = BTreeSet::new();
+    for error in validator.iter_errors(json) {
+        let path = pointer_to_path(&error.instance_path().to_string());
+        let (path, message) = describe(&error, &path, json);
+        if seen.insert((path.clone(), message.clone())) {
+            problems.add(path, message);
+        }
+    }
+    problems
+}
+
+/// `/steps/2/backfill` as `steps[2].backfill`.
+fn pointer_to_path(pointer: &str) -> String {
+    let mut out = String::new();
+    for part in pointer.split('/').skip(1) {
+        let part = part.replace("~1", "/").replace("~0", "~");
+        if part.parse::<usize>().is_ok() {
+            out.push_str(&format!("[{part}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(&part);
+        }
+    }
+    out
+}
+
+fn child(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// A schema error as a located sentence: what is wrong and what is allowed.
+fn describe(
+    error: &jsonschema::ValidationError<'_>,
+    path: &str,
+    json: &serde_json::Value,
+) -> (String, String) {
+    use jsonschema::error::ValidationErrorKind as K;
+    let at = |p: &str| pointer_get(json, p);
+    let found = error.instance().to_string();
+    match error.kind() {
+        K::AdditionalProperties { unexpected } => {
+            let allowed = allowed_properties(&error.schema_path().to_string());
+            let key = unexpected.first().cloned().unwrap_or_default();
+            (
+                child(path, &key),
+                match allowed {
+                    Some(a) => format!("unknown field {key:?}; allowed: {a}"),
+                    None => format!("unknown field {key:?}"),
+                },
+            )
+        }
+        K::Required { property } => {
+            let name = property.as_str().unwrap_or_default().to_owned();
+            (
+                path.to_owned(),
+                format!("missing field {name:?}{}", required_hint(path, &name)),
+            )
+        }
+        K::Enum { options } => (
+            path.to_owned(),
+            format!("{found} is not allowed; allowed: {}", list(options)),
+        ),
+        K::Constant { expected_value } => (
+            path.to_owned(),
+            format!("{found} is not allowed; expected {expected_value}"),
+        ),
+        K::Type { kind } => (
+            path.to_owned(),
+            format!("{found} has the wrong type; expected {}", type_names(kind)),
+        ),
+        K::Minimum { limit } | K::ExclusiveMinimum { limit } => (
+            path.to_owned(),
+            format!("{found} is too small; the least allowed is {limit}"),
+        ),
+        K::Maximum { limit } | K::ExclusiveMaximum { limit } => (
+            path.to_owned(),
+            format!("{found} is too large; the most allowed is {limit}"),
+        ),
+        K::MinItems { limit } | K::MaxItems { limit }
+            if matches!(error.kind(), K::MinItems { .. }) && *limit == 3
+                || matches!(error.kind(), K::MaxItems { .. }) && *limit == 3 =>
+        {
+            (
+                path.to_owned(),
+                format!("{found} needs exactly 3 numbers (cumulative percentages, the last 100)"),
+            )
+        }
+        K::MinItems { limit } => (
+            path.to_owned(),
+            format!("{found} needs at least {limit} item(s)"),
+        ),
+        K::MaxItems { limit } => (
+            path.to_owned(),
+            format!("{found} has more than {limit} item(s)"),
+        ),
+        K::MinLength { limit } => (
+            path.to_owned(),
+            format!("{found} is too short; at least {limit} character(s)"),
+        ),
+        K::MaxLength { limit } => (
+            path.to_owned(),
+            format!("{found} is too long; at most {limit} character(s)"),
+        ),
+        K::Pattern { pattern } => (
+            path.to_owned(),
+            format!("{found} is not allowed; it must match {pattern}"),
+        ),
+        K::OneOfNotValid { .. } | K::OneOfMultipleValid { .. } | K::AnyOf { .. } => {
+            if let Some(allowed) = branch_enums(&error.schema_path().to_string()) {
+                return (
+                    path.to_owned(),
+                    format!("{found} is not allowed; allowed: {allowed}"),
+                );
+            }
+            let value = at(&error.instance_path().to_string());
+            oneof_message(path, value)
+        }
+        _ => (path.to_owned(), error.to_string()),
+    }
+}
+
+/// What a `oneOf` / `anyOf` failure means where playbooks use them: a step needs exactly one
+/// kind; `source` needs `version` or `spec`; `advance` and `soak` have a short and a long
+/// form.
+fn oneof_message(path: &str, value: Option<&serde_json::Value>) -> (String, String) {
+    let kinds = STEP_KINDS.join(", ");
+    if path.starts_with("steps[") && !path.contains('.') {
+        let present: Vec<&str> = value
+            .and_then(|v| v.as_object())
+            .map(|o| {
+                STEP_KINDS
+                    .iter()
+                    .copied()
+                    .filter(|k| o.contains_key(*k))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let message = if present.is_empty() {
+            format!("a step needs one of: {kinds}")
+        } else {
+            format!(
+                "a step has exactly one kind, this one has {}; split it into steps",
+                present.join(" and ")
+            )
+        };
+        return (path.to_owned(), message);
+    }
+    if path == "source" {
+        return (
+            path.to_owned(),
+            "give exactly one of version (a registered version number) or spec (a declared \
+             layout)"
+                .into(),
+        );
+    }
+    if path.ends_with(".advance") {
+        return (
+            path.to_owned(),
+            format!(
+                "expected a phase or {{to: PHASE, timeout, switch_timeout}}; phases: {}",
+                list(&serde_json::json!([
+                    "dual_read",
+                    "write_switch",
+                    "new_writes",
+                    "backfill",
+                    "reconcile",
+                    "new_reads",
+                    "cleanup",
+                    "completed"
+                ]))
+            ),
+        );
+    }
+    if path.ends_with(".soak") {
+        return (
+            path.to_owned(),
+            "expected a duration (e.g. 10m) or {duration, max_findings, max_dead_letters, \
+             max_router_errors, overload_for}"
+                .into(),
+        );
+    }
+    if path.ends_with(".tenant") {
+        return (
+            path.to_owned(),
+            format!("not a tenant; a tenant is {}", super::TENANT_FORMS),
+        );
+    }
+    (path.to_owned(), "does not match any allowed form".into())
+}
+
+/// The values allowed by the enums among the branches of an `anyOf` / `oneOf` at
+/// `schema_path` (an optional enum is `anyOf: [{$ref: Enum}, {type: null}]`).
+fn branch_enums(schema_path: &str) -> Option<String> {
+    let schema = schema();
+    let node = schema.pointer(schema_path)?;
+    let branches = node.as_array()?;
+    let mut values = Vec::new();
+    for b in branches {
+        let b = match b.get("$ref").and_then(|r| r.as_str()) {
+            Some(r) => schema.pointer(r.strip_prefix('#')?)?,
+            None => b,
+        };
+        if let Some(e) = b.get("enum").and_then(|e| e.as_array()) {
+            values.extend(e.iter().filter_map(|v| v.as_str().map(str::to_owned)));
+        }
+        if let Some(one_of) = b.get("oneOf").and_then(|o| o.as_array()) {
+            for o in one_of {
+                if let Some(c) = o.get("const").and_then(|c| c.as_str()) {
+                    values.push(c.to_owned());
+                }
+                if let Some(e) = o.get("enum").and_then(|e| e.as_array()) {
+                    values.extend(e.iter().filter_map(|v| v.as_str().map(str::to_owned)));
+                }
+            }
+        }
+    }
+    (!values.is_empty()).then(|| values.join(", "))
+}
+
+fn required_hint(path: &str, name: &str) -> &'static str {
+    match (path, name) {
+        ("", "apiVersion") => " (apiVersion: reshard/v1)",
+        ("", "source") => " (source: {version: 1} or source: {spec: {...}})",
+        ("", "target") => " (the target version's spec fields)",
+        _ => "",
+    }
+}
+
+fn pointer_get<'a>(json: &'a serde_json::Value, pointer: &str) -> Option<&'a serde_json::Value> {
+    json.pointer(pointer)
+}
+
+fn list(options: &serde_json::Value) -> String {
+    match options.as_array() {
+        Some(items) => items
+            .iter()
+            .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_owned))
+            .collect::<Vec<_>>()
+            .join(", "),
+        None => options.to_string(),
+    }
+}
+
+fn type_names(kind: &jsonschema::error::TypeKind) -> String {
+    match kind {
+        jsonschema::error::TypeKind::Single(t) => t.to_string(),
+        jsonschema::error::TypeKind::Multiple(ts) => {
+            let names: Vec<String> = (*ts).into_iter().map(|t| t.to_string()).collect();
+            names.join(" or ")
+        }
+    }
+}
+
+/// The property names the schema at `schema_path` (ending in `/additionalProperties`)
+/// allows.
+fn allowed_properties(schema_path: &str) -> Option<String> {
+    let base = schema_path.strip_suffix("/additionalProperties")?;
+    let schema = schema();
+    let node = schema.pointer(base)?;
+    let properties = node.get("properties")?.as_object()?;
+    Some(properties.keys().cloned().collect::<Vec<_>>().join(", "))
+}
+
+/// `"30s"`, `"500ms"`, `"5m"` at `path`.
+fn duration(text: &str, path: &str, problems: &mut Problems) -> Option<Duration> {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Some(d),
+        Ok(_) => {
+            problems.add(path, "a duration of zero is not allowed");
+            None
+        }
+        Err(e) => {
+            problems.add(
+                path,
+                format!("{text:?} is not a duration ({e}); write e.g. 500ms, 30s, 10m, 1h"),
+            );
+            None
+        }
+    }
+}
+
+fn opt_duration(
+    text: &Option<String>,
+    path: &str,
+    default: Duration,
+    problems: &mut Problems,
+) -> Duration {
+    match text {
+        Some(t) => duration(t, path, problems).unwrap_or(default),
+        None => default,
+    }
+}
+
+fn waves(values: &Option<Vec<f64>>, path: &str, problems: &mut Problems) -> Option<[f64; 3]> {
+    let values = values.as_ref()?;
+    match <[f64; 3]>::try_from(values.as_slice()) {
+        Ok(w) if w.iter().all(|x| *x > 0.0 && *x <= 100.0)
+            && w.windows(2).all(|p| p[0] <= p[1])
+            && w[2] == 100.0 =>
+        {
+            Some(w)
+        }
+        _ => {
+            problems.add(
+                path,
+                format!(
+                    "{values:?} is not allowed; use three increasing percentages in (0, 100], \
+                     the last one 100"
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn workers(doc: &WorkersDoc, path: &str, problems: &mut Problems) -> Workers {
+    Workers {
+        workers: doc.workers,
+        lease_ttl: opt_duration(
+            &doc.lease_ttl,
+            &child(path, "lease_ttl"),
+            Duration::from_secs(30),
+            problems,
+        ),
+        batch_size: doc.batch_size,
+        rate: doc.rate,
+        in_flight: doc.in_flight,
+        latency_target: doc
+            .latency_target
+            .as_ref()
+            .and_then(|t| duration(t, &child(path, "latency_target"), problems)),
+        waves: waves(&doc.waves, &child(path, "waves"), problems),
+    }
+}
+
+/// The document's meaning: versions, durations, settings, steps.
+fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
+    let source = match (&doc.source.version, &doc.source.spec) {
+        (Some(v), None) => Some(Source::Version(*v as i32)),
+        (None, Some(spec)) => {
+            version_from_spec(spec, &doc.collection, "source.spec.", problems).map(Source::Spec)
+        }
+        _ => {
+            problems.add(
+                "source",
+                "give exactly one of version (a registered version number) or spec (a declared \
+                 layout)",
+            );
+            None
+        }
+    };
+    let target = version_from_spec(&doc.target, &doc.collection, "target.", problems);
+    let mut shard_names = BTreeSet::new();
+    for (i, shard) in doc.shards.iter().enumerate() {
+        if !shard_names.insert(shard.name.clone()) {
+            problems.add(
+                format!("shards[{i}].name"),
+                format!("shard {:?} is listed twice", shard.name),
+            );
+        }
+    }
+    let settings = settings(&doc.settings, problems);
+    if let Some(capacity) = &doc.capacity {
+        if let Some(w) = &capacity.window {
+            duration(w, "capacity.window", problems);
+        }
+        for (i, rate) in capacity.tenant_rates.iter().enumerate() {
+            if KeyValue::from_yaml(&rate.tenant).is_none() {
+                problems.add(
+                    format!("capacity.tenant_rates[{i}].tenant"),
+                    format!("not a tenant; a tenant is {}", super::TENANT_FORMS),
+                );
+            }
+        }
+    }
+
+    // Steps: default when left out; every one named, the names unique.
+    let mut step_docs = doc.steps.clone().unwrap_or_else(default_steps);
+    let mut names = BTreeSet::new();
+    let mut steps = Vec::new();
+    let mut reached: Option<(usize, Phase)> = None;
+    for (i, s) in step_docs.iter_mut().enumerate() {
+        let path = format!("steps[{i}]");
+        let explicit = s.name.is_some();
+        let mut name = s.name.clone().unwrap_or_else(|| default_name(&s.kind));
+        if !explicit {
+            // Unnamed steps of one kind are numbered: `soak`, `soak-2`, ...
+            let base = name.clone();
+            let mut n = 2;
+            while names.contains(&name) {
+                name = format!("{base}-{n}");
+                n += 1;
+            }
+        }
+        if !names.insert(name.clone()) {
+            problems.add(
+                format!("{path}.name"),
+                format!("step name {name:?} is used twice; names must be unique"),
+            );
+        }
+        s.name = Some(name.clone());
+        let action = match &s.kind {
+            StepKindDoc::Advance(a) => {
+                let (to, timeout, switch_timeout) = match a {
+                    AdvanceDoc::To(p) => (*p, None, None),
+                    AdvanceDoc::With(w) => (w.to, w.timeout.clone(), w.switch_timeout.clone()),
+                };
+                Action::Advance {
+                    to: to.into(),
+                    timeout: opt_duration(
+                        &timeout,
+                        &format!("{path}.advance.timeout"),
+                        Duration::from_secs(60),
+                        problems,
+                    ),
+                    switch_timeout: opt_duration(
+                        &switch_timeout,
+                        &format!("{path}.advance.switch_timeout"),
+                        Duration::from_secs(5),
+                        problems,
+                    ),
+                }
+            }
+            StepKindDoc::Backfill(w) => {
+                Action::Backfill(workers(w, &format!("{path}.backfill"), problems))
+            }
+            StepKindDoc::Cleanup(w) => {
+                Action::Cleanup(workers(w, &format!("{path}.cleanup"), problems))
+            }
+            StepKindDoc::Rollback(w) => {
+                Action::Rollback(workers(w, &format!("{path}.rollback"), problems))
+            }
+            StepKindDoc::Reconcile(r) => Action::Reconcile(Reconcile {
+                sample: r.sample.unwrap_or(100),
+                strata: r.strata.unwrap_or(StrataDoc::Shard),
+                recheck_delay: opt_duration(
+                    &r.recheck_delay,
+                    &format!("{path}.reconcile.recheck_delay"),
+                    Duration::from_secs(2),
+                    problems,
+                ),
+                full: r.full.unwrap_or(false),
+                repair: r.repair.unwrap_or(false),
+                attempts: r
+                    .attempts
+                    .unwrap_or(if r.repair.unwrap_or(false) { 3 } else { 1 }),
+                max_missing: r.max_missing,
+                max_mismatched: r.max_mismatched,
+                max_misplaced: r.max_misplaced,
+            }),
+            StepKindDoc::Soak(SoakDoc::For(d)) => Action::Soak(Soak {
+                duration: duration(d, &format!("{path}.soak"), problems)
+                    .unwrap_or(Duration::from_secs(1)),
+                max_findings: 0,
+                max_dead_letters: 0,
+                max_router_errors: 0,
+                overload_for: None,
+            }),
+            StepKindDoc::Soak(SoakDoc::With(w)) => Action::Soak(Soak {
+                duration: duration(&w.duration, &format!("{path}.soak.duration"), problems)
+                    .unwrap_or(Duration::from_secs(1)),
+                max_findings: w.max_findings.unwrap_or(0),
+                max_dead_letters: w.max_dead_letters.unwrap_or(0),
+                max_router_errors: w.max_router_errors.unwrap_or(0),
+                overload_for: w
+                    .overload_for
+                    .as_ref()
+                    .and_then(|d| duration(d, &format!("{path}.soak.overload_for"), problems)),
+            }),
+            StepKindDoc::Approve(a) => Action::Approve {
+                message: a.message.clone(),
+            },
+            StepKindDoc::Complete(c) => Action::Complete {
+                timeout: opt_duration(
+                    &c.timeout,
+                    &format!("{path}.complete.timeout"),
+                    Duration::from_secs(60),
+                    problems,
+                ),
+            },
+        };
+        // Steps go forward: none may bring the migration back to an earlier phase, and
+        // nothing follows the end of the migration.
+        if let Some(to) = action.reaches() {
+            if let Some((at, before)) = reached {
+                if before.is_terminal() {
+                    problems.add(
+                        path.clone(),
+                        format!(
+                            "step {name:?} comes after steps[{at}], which ends the migration \
+                             ({before}); nothing can follow it"
+                        ),
+                    );
+                } else if to != Phase::RolledBack && forward_rank(to) < forward_rank(before) {
+                    problems.add(
+                        path.clone(),
+                        format!(
+                            "step {name:?} goes back to {to} after steps[{at}] reached \
+                             {before}; steps go forward (to roll back, use a rollback step)"
+                        ),
+                    );
+                }
+            }
+            reached = Some((i, to));
+        }
+        steps.push(Step { name, action });
+    }
+    doc.steps = Some(step_docs);
+    Some(Playbook {
+        doc,
+        source: source?,
+        target: target?,
+        settings: settings?,
+        steps,
+    })
+}
+
+/// The position of a phase on the forward path (rollback phases after it).
+pub fn forward_rank(phase: Phase) -> usize {
+    const ORDER: [Phase; 9] = [
+        Phase::Planned,
+        Phase::DualRead,
+        Phase::WriteSwitch,
+        Phase::NewWrites,
+        Phase::Backfill,
+        Phase::Reconcile,
+        Phase::NewReads,
+        Phase::Cleanup,
+        Phase::Completed,
+    ];
+    ORDER.iter().position(|p| *p == phase).unwrap_or(ORDER.len())
+}
+
+fn settings(doc: &SettingsDoc, problems: &mut Problems) -> Option<MigrationSettings> {
+    let mut s = MigrationSettings::default();
+    if let Some(v) = doc.max_docs_per_sec {
+        s.max_docs_per_sec = v;
+    }
+    if let Some(v) = doc.batch_size {
+        s.batch_size = v;
+    }
+    if let Some(v) = doc.max_in_flight_per_shard {
+        s.max_in_flight_per_shard = v;
+    }
+    if let Some(t) = &doc.target_batch_latency {
+        if let Some(d) = duration(t, "settings.target_batch_latency", problems) {
+            s.target_batch_latency_ms = d.as_millis().max(1) as u64;
+        }
+    }
+    if let Some(t) = &doc.capacity_signal_after {
+        if let Some(d) = duration(t, "settings.capacity_signal_after", problems) {
+            s.capacity_signal_after_secs = d.as_secs().max(1);
+        }
+    }
+    if let Some(v) = doc.documents_per_partition {
+        s.documents_per_partition = v;
+    }
+    if let Some(v) = doc.max_missing {
+        s.max_missing = v;
+    }
+    if let Some(v) = doc.max_mismatched {
+        s.max_mismatched = v;
+    }
+    if let Some(v) = doc.max_misplaced {
+        s.max_misplaced = v;
+    }
+    if let Some(w) = waves(&doc.cleanup_waves, "settings.cleanup_waves", problems) {
+        s.cleanup_waves = w;
+    }
+    if let Some(v) = doc.drop_empty_source {
+        s.drop_empty_source = v;
+    }
+    let found = s.problems();
+    for p in &found {
+        let (field, message) = p.split_once(": ").unwrap_or(("", p));
+        problems.add(child("settings", field), message.to_owned());
+    }
+    found.is_empty().then_some(s)
+}
+
+impl KeyValue {
+    /// A tenant as a playbook or spec writes it (see the spec module's docs), or `None`.
+    pub fn from_yaml(value: &serde_yaml::Value) -> Option<KeyValue> {
+        let mut problems = Problems::default();
+        super::tenant_key(value, "", &mut problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "\
+apiVersion: reshard/v1
+name: orders-hot
+collection: orders
+source: {version: 1}
+target:
+  tenant_key: customerId
+  layout: hashed
+  virtual_buckets: 64
+  tenant_buckets: [{tenant: cust-hot, buckets: 4}]
+  placement:
+    - vbuckets: [0, 64]
+      shard: s1
+";
+
+    #[test]
+    fn a_playbook_without_steps_gets_the_whole_forward_path() {
+        let p = parse_playbook("p.yaml", MINIMAL).unwrap();
+        let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "dual_read",
+                "write_switch",
+                "backfill",
+                "reconcile",
+                "new_reads",
+                "approve-cleanup",
+                "cleanup",
+                "complete"
+            ]
+        );
+        assert_eq!(p.doc.steps.as_ref().unwrap().len(), 8);
+        assert!(matches!(p.source, Source::Version(1)));
+    }
+
+    #[test]
+    fn every_shape_problem_is_reported_with_its_place_and_the_allowed_values() {
+        let text = format!(
+            "{MINIMAL}settings: {{batch_size: 0, colour: red}}\nsteps:\n  - advance: sideways\n  - backfill: {{wrkers: 2}}\n  - soak: 10m\n    approve: {{}}\n"
+        );
+        let errors = parse_playbook("p.yaml", &text).unwrap_err();
+        let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        let all = text.join("\n");
+        assert!(all.contains("settings.colour: unknown field \"colour\"; allowed:"), "{all}");
+        assert!(all.contains("settings.batch_size: 0 is too small"), "{all}");
+        assert!(all.contains("steps[0].advance"), "{all}");
+        assert!(all.contains("steps[1].backfill.wrkers: unknown field"), "{all}");
+        assert!(all.contains("exactly one kind"), "{all}");
+        // Located: the line of the offending step.
+        assert!(errors.iter().all(|e| e.line.is_some()), "{all}");
+    }
+
+    #[test]
+    fn steps_go_forward_and_names_are_unique() {
+        let text = format!(
+            "{MINIMAL}steps:\n  - advance: new_reads\n  - advance: dual_read\n  - name: x\n    soak: 1m\n  - name: x\n    soak: 2m\n"
+        );
+        let all: Vec<String> = parse_playbook("p.yaml", &text)
+            .unwrap_err()
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        let all = all.join("\n");
+        assert!(all.contains("goes back to dual_read"), "{all}");
+        assert!(all.contains("\"x\" is used twice"), "{all}");
+    }
+
+    #[test]
+    fn durations_are_durations() {
+        let text = format!("{MINIMAL}steps:\n  - soak: ten minutes\n");
+        let all = parse_playbook("p.yaml", &text).unwrap_err()[0].to_string();
+        assert!(all.contains("steps[0].soak: \"ten minutes\" is not a duration"), "{all}");
+        let text = format!("{MINIMAL}steps:\n  - soak: 90s\n");
+        let p = parse_playbook("p.yaml", &text).unwrap();
+        assert!(matches!(&p.steps[0].action, Action::Soak(s) if s.duration == Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn the_schema_is_generated_and_lists_every_step_kind() {
+        let s = schema();
+        let step = &s["$defs"]["Step"];
+        for kind in STEP_KINDS {
+            assert!(step["properties"].get(kind).is_some(), "{kind}");
+        }
+        assert_eq!(s["properties"]["apiVersion"]["$ref"], "#/$defs/ApiVersion");
+    }
+}
