@@ -287,7 +287,9 @@ mod tests {
     fn a_hot_tenant_spread_over_buckets_spreads_its_load_and_moves_its_documents() {
         let (from, to) = (version(1), version(16));
         let hot = KeyValue::String("hot".into());
-        let here = from.locate(&hot, &KeyValue::Int(0)).unwrap().locations[0].shard.clone();
+        let here = from.locate(&hot, &KeyValue::Int(0)).unwrap().locations[0]
+            .shard
+            .clone();
         let docs: Vec<SampledDoc> = (0..1000)
             .map(|i| SampledDoc {
                 tenant: hot.clone(),
@@ -318,7 +320,10 @@ mod tests {
         let total_after: f64 = r.shards.iter().map(|s| s.writes_after).sum();
         assert!((total_after - 1200.0).abs() < 1e-6);
         // Every bucket but the first moves, unless it lands on the same shard.
-        assert!(r.documents_moving > 5_000 && r.documents_moving < 10_000, "{r:?}");
+        assert!(
+            r.documents_moving > 5_000 && r.documents_moving < 10_000,
+            "{r:?}"
+        );
         assert_eq!(r.documents_moving + r.documents_staying, 10_000);
         assert!((r.copy_seconds - r.documents_moving as f64 / 1000.0).abs() < 1e-9);
     }

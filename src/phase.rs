@@ -166,7 +166,7 @@ impl Phase {
             (NewReads, Cleanup) => &[RoutersAcknowledged],
             (Cleanup, Completed) => &[CleanupComplete],
             (Reverting, RevertSwitch) => &[RoutersAcknowledged, RevertComplete],
-            (RevertSwitch, RolledBack) => &[RoutersAcknowledged],
+            (RevertSwitch, RolledBack) => &[RoutersAcknowledged, RevertComplete],
             _ => &[],
         }
     }

@@ -149,9 +149,11 @@ pub enum Next<D, U> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum At {
     Start,
-    /// Get: looked in the target / in the source.
+    /// Get: looked in the target / in the source; in `revert_switch`, carried the target's
+    /// document to the source before looking there.
     GetTarget,
     GetSource,
+    GetMirror,
     /// Insert: looked in the target; looked in the source; re-checked the target after
     /// finding the id in the source; replacing a tombstone; inserting.
     InsFindTarget,
@@ -213,6 +215,15 @@ pub struct OperationMachine<D, U> {
     mirrored: Option<Outcome<D>>,
     /// Whether a delete leaves a tombstone: in every phase but `completed`.
     tombstones: bool,
+    /// `revert_switch`: a read carries the target's document of the id to the source first
+    /// (its writer may have been cut off by its lease before mirroring it), then reads the
+    /// source, so that it agrees with readers still in `reverting`.
+    mirror_then_read: bool,
+    /// `rolled_back` until it is sealed: deletes leave a source tombstone (a late mirror of
+    /// an older target image by a router still in `revert_switch` must not bring the
+    /// document back); once every router acknowledged `rolled_back` the driver seals it, and
+    /// after every router acknowledged the seal it purges the source tombstones.
+    source_tombstones: bool,
     /// Whether a step that can change a document was sent: one that was answered, or an
     /// earlier one (the executor sends a step before it feeds back its answer).
     wrote: bool,
@@ -262,9 +273,20 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             restarts: 0,
             mirrored: None,
             tombstones: phase != Phase::Completed,
+            mirror_then_read: phase == Phase::RevertSwitch,
+            source_tombstones: phase == Phase::RolledBack,
             wrote: false,
             pending_write: false,
         }
+    }
+
+    /// The machine of a migration that rolled back and was sealed (no mirror can land any
+    /// more): deletes remove the source document without a tombstone.
+    pub fn sealed(mut self, sealed: bool) -> Self {
+        if sealed {
+            self.source_tombstones = false;
+        }
+        self
     }
 
     /// What the operation may have done if it stops before sending the step it asked for last
@@ -343,6 +365,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                     self.done(Outcome::Read(None))
                 }
             }
+            (At::GetMirror, Some(A::Matched(_))) => self.go(At::GetSource, Step::Find(S)),
             (At::GetSource, Some(A::Found(found))) => self.done(Outcome::Read(match found {
                 Found::Live(d) => Some(d),
                 Found::Absent | Found::Tombstone => None,
@@ -509,6 +532,9 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
         use Side::{Source as S, Target as T};
         if let Operation::Get = self.op {
             return match self.read {
+                ReadPath::Source if self.mirror_then_read => {
+                    self.go(At::GetMirror, Step::MirrorToSource)
+                }
                 ReadPath::Source => self.go(At::GetSource, Step::Find(S)),
                 ReadPath::TargetThenSource | ReadPath::Target => {
                     self.go(At::GetTarget, Step::Find(T))
@@ -525,6 +551,9 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                 }
                 Operation::Update(u) => self.go(At::SrcUpdate, Step::UpdateLive(S, u)),
                 // Only a live document: a tombstone left by a rollback's mirror is absent.
+                Operation::Delete if self.source_tombstones => {
+                    self.go(At::SrcDelete, Step::ReplaceLive(S, Payload::Tombstone))
+                }
                 Operation::Delete => self.go(At::SrcDelete, Step::DeleteLive(S)),
             },
             // Rolling back takes the same decisions in the target, then mirrors the write to
@@ -867,16 +896,25 @@ mod tests {
                 ],
                 Outcome::Changed(true),
             ),
+            // A delete after a rollback leaves a source tombstone: a late mirror of an older
+            // target image must not bring the document back before the purge.
             (
                 Phase::RolledBack,
                 Operation::Delete,
-                &[(Step::DeleteLive(S), Answer::Matched(false))],
+                &[(
+                    Step::ReplaceLive(S, Payload::Tombstone),
+                    Answer::Matched(false),
+                )],
                 Outcome::Changed(false),
             ),
+            // In the revert switch a read carries the target's image to the source first.
             (
                 Phase::RevertSwitch,
                 Operation::Get,
-                &[(Step::Find(S), Answer::Found(Found::Tombstone))],
+                &[
+                    (Step::MirrorToSource, Answer::Matched(false)),
+                    (Step::Find(S), Answer::Found(Found::Tombstone)),
+                ],
                 Outcome::Read(None),
             ),
         ];

@@ -172,10 +172,8 @@ async fn state(f: &Fixture, pb: &Playbook) -> BTreeMap<String, Vec<Document>> {
 /// version places it, and nowhere else.
 async fn assert_at_target(f: &Fixture, pb: &Playbook, seeded: &[Document]) {
     let state = state(f, pb).await;
-    let mut expected: BTreeMap<String, Vec<Document>> = state
-        .keys()
-        .map(|k| (k.clone(), Vec::new()))
-        .collect();
+    let mut expected: BTreeMap<String, Vec<Document>> =
+        state.keys().map(|k| (k.clone(), Vec::new())).collect();
     for d in seeded {
         let l = &pb
             .target
@@ -272,7 +270,11 @@ async fn the_hot_tenant_playbook_runs_to_completion_through_its_approval() {
     // Running it again does nothing and says so.
     let again = f.reshard(&["run", file.to_str().unwrap()]);
     assert!(again.status.success(), "{}", stderr(&again));
-    assert!(stderr(&again).contains("done earlier"), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("done earlier"),
+        "{}",
+        stderr(&again)
+    );
 }
 
 #[tokio::test]
@@ -283,7 +285,11 @@ async fn the_new_shard_and_more_buckets_playbooks_run_to_completion() {
         let pb = playbook(&file);
         let seeded = seed(&f, &pb, 400, 2).await;
         run_to_the_end(&f, &file);
-        assert_eq!(migration_phase(&f, &pb.doc.name).await, "completed", "{name}");
+        assert_eq!(
+            migration_phase(&f, &pb.doc.name).await,
+            "completed",
+            "{name}"
+        );
         assert_at_target(&f, &pb, &seeded).await;
     }
 }
@@ -345,7 +351,10 @@ async fn a_second_run_of_the_same_playbook_is_refused_naming_the_first() {
         if holder == Some(first.id() as i32) {
             break;
         }
-        assert!(Instant::now() < deadline, "the first run never took the lock");
+        assert!(
+            Instant::now() < deadline,
+            "the first run never took the lock"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let before: i64 = sqlx::query_scalar("SELECT count(*) FROM migration_events")

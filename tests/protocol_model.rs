@@ -604,6 +604,11 @@ struct State {
     /// A repair wrote the target (to tell the runs it completed from those the routers'
     /// own writes happened to mend).
     repaired: bool,
+    /// A router's lease ran out while the revert copier's pass was under way: an operation it
+    /// had in flight may have written the target without mirroring it, behind the pass. The
+    /// revert copy is complete only after a pass that started later (`revert_outdated` in
+    /// the product's gate).
+    revert_outdated: bool,
     /// Lease expiries, transient statement failures and worker kills left to explore.
     expiries_left: u8,
     transients_left: u8,
@@ -627,6 +632,10 @@ enum Broken {
     /// The router checks its lease only when an operation starts: a step of an operation in
     /// flight lands after the lease ran out and the driver counted the router out (issue 10).
     LeaseCheckedAtStart,
+    /// The revert copy counts as complete although a router's lease ran out during its pass:
+    /// a target write of that router's interrupted operation, never mirrored, is behind the
+    /// pass (found by the model with batches and lease expiries).
+    RevertIgnoresLapses,
     /// The copier overwrites whatever the target holds instead of inserting if absent.
     CopierOverwrites,
     /// Only a re-executed copier batch overwrites (a replace with upsert instead of an
@@ -900,6 +909,7 @@ impl<'a> Model<'a> {
             repair_pos: 0,
             repair_at: RepairAt::Idle,
             repaired: false,
+            revert_outdated: false,
             expiries_left: self.cfg.expiries,
             transients_left: self.cfg.transients,
             kills_left: self.cfg.kills,
@@ -977,7 +987,10 @@ impl<'a> Model<'a> {
             // keeps checking what the routers read.
             Gate::ReconciliationPassed => true,
             Gate::CleanupComplete => self.done(s, W::Cleaner),
-            Gate::RevertComplete => self.done(s, W::Reverter),
+            Gate::RevertComplete => {
+                self.done(s, W::Reverter)
+                    && (!s.revert_outdated || self.broken(Broken::RevertIgnoresLapses))
+            }
         }
     }
 
@@ -989,6 +1002,15 @@ impl<'a> Model<'a> {
         let repairing = s.repair_at != RepairAt::Idle;
         for &to in s.phase.next() {
             if repairing && to != Phase::NewReads {
+                continue;
+            }
+            // Once a lapse outdated the revert copy, the revert switch only goes forward: back
+            // in `reverting`, target-first readers would meet source-only readers of
+            // `revert_switch` while a write is in the target alone.
+            if (s.phase, to) == (Phase::RevertSwitch, Phase::Reverting)
+                && s.revert_outdated
+                && !self.broken(Broken::RevertIgnoresLapses)
+            {
                 continue;
             }
             if s.phase
@@ -1044,7 +1066,14 @@ impl<'a> Model<'a> {
                     self.may_run(s, w)
                         && (!b.orphaned() || self.broken(Broken::OrphanAfterTakeover))
                 }
-                Stage::Writing | Stage::Done | Stage::Failed => false,
+                // A pass outdated by a router's lapse runs again from the start.
+                Stage::Done => {
+                    w == W::Reverter
+                        && s.revert_outdated
+                        && self.may_run(s, w)
+                        && !self.broken(Broken::RevertIgnoresLapses)
+                }
+                Stage::Writing | Stage::Failed => false,
             };
             if work {
                 acts.push(Act::Work(w));
@@ -1129,6 +1158,14 @@ impl<'a> Model<'a> {
                 say!(log, "router {r}: its lease runs out; ");
                 s.routers[r].live = false;
                 s.expiries_left -= 1;
+                // The product's rule (ARCHITECTURE.md, "A lapse outdates the revert copy"): a
+                // router counted out in `reverting` or `revert_switch` after the revert copy
+                // started may have left a target write behind it, never mirrored.
+                if matches!(s.phase, Phase::Reverting | Phase::RevertSwitch)
+                    && s.workers[W::Reverter as usize].stage != Stage::Waiting
+                {
+                    s.revert_outdated = true;
+                }
                 if !self.broken(Broken::LeaseCheckedAtStart) {
                     if let Some(run) = s.routers[r].run.take() {
                         self.interrupt(s, r, self.runs.get(run), log)?;
@@ -1403,6 +1440,14 @@ impl<'a> Model<'a> {
     /// a batch, its re-execution from the checkpoint, or the takeover of a killed worker's.
     fn work(&self, s: &mut State, w: W, log: &mut Log) -> Checked<()> {
         say!(log, "{}: ", w.name());
+        if w == W::Reverter && s.workers[w as usize].stage == Stage::Done {
+            say!(
+                log,
+                "a router's lease ran out during the pass: copying everything back again; "
+            );
+            s.revert_outdated = false;
+            s.worker(w).end(Stage::Waiting);
+        }
         let b = s.worker(w);
         if matches!(b.stage, Stage::Waiting | Stage::Killed) {
             // Nothing of an earlier execution is kept but its orphans: the batch is read again.
@@ -1932,6 +1977,7 @@ fn fingerprint(s: &State) -> u64 {
         repair_pos,
         repair_at,
         repaired,
+        revert_outdated,
         expiries_left,
         transients_left,
         kills_left,
@@ -1965,7 +2011,7 @@ fn fingerprint(s: &State) -> u64 {
         words[2] |= target[id].bits() << (19 * id);
     }
     words[3] = u64::from(lin[0]) | u64::from(lin[1]) << 32;
-    words[4] = u64::from(lin[2]);
+    words[4] = u64::from(lin[2]) | u64::from(*revert_outdated) << 32;
     for (r, router) in routers.iter().enumerate() {
         let Router {
             acked,
@@ -2647,6 +2693,21 @@ fn a_takeover_that_does_not_wait_for_orphans_is_caught() {
             broken: Some(Broken::OrphanAfterTakeover),
             kills: 1,
             ..Setup::new(updates_and_deletes())
+        },
+        "allows",
+    );
+}
+
+/// The hole the model with lease expiries found in `reverting`: a router's write lands in the
+/// target, its lease runs out before the mirror, and the revert copier had already passed the
+/// id. Counting the pass complete anyway leaves the source without a write some reader saw.
+#[test]
+fn a_revert_copy_that_ignores_a_lapse_during_its_pass_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::RevertIgnoresLapses),
+            expiries: 1,
+            ..Setup::new(deletes_and_recreations())
         },
         "allows",
     );

@@ -63,10 +63,23 @@ pub fn print(r: &Report) {
         .map(|s| s.writes_before.max(s.writes_after))
         .fold(0.0, f64::max);
     if max > 0.0 {
-        println!("\nwrite load per shard (limit {:.0}/s):", r.per_shard_write_limit);
+        println!(
+            "\nwrite load per shard (limit {:.0}/s):",
+            r.per_shard_write_limit
+        );
         for s in &r.shards {
-            println!("  {:<10} before {:>7.0} {}", s.shard, s.writes_before, bar(s.writes_before, max));
-            println!("  {:<10} after  {:>7.0} {}", "", s.writes_after, bar(s.writes_after, max));
+            println!(
+                "  {:<10} before {:>7.0} {}",
+                s.shard,
+                s.writes_before,
+                bar(s.writes_before, max)
+            );
+            println!(
+                "  {:<10} after  {:>7.0} {}",
+                "",
+                s.writes_after,
+                bar(s.writes_after, max)
+            );
         }
     }
     if !r.tenants.is_empty() {
@@ -75,7 +88,14 @@ pub fn print(r: &Report) {
             r.headroom, r.per_shard_write_limit
         );
         output::table(
-            &["tenant", "writes/s", "from", "buckets now", "in target", "recommended"],
+            &[
+                "tenant",
+                "writes/s",
+                "from",
+                "buckets now",
+                "in target",
+                "recommended",
+            ],
             r.tenants.iter().map(|t| {
                 [
                     t.tenant.clone(),

@@ -122,7 +122,8 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
     let name = &pb.doc.name;
     match &end {
         RunEnd::Done { migration, phase } => {
-            let value = json!({ "playbook": name, "migration": migration, "end": "done", "phase": phase });
+            let value =
+                json!({ "playbook": name, "migration": migration, "end": "done", "phase": phase });
             output::emit(ctx.output, &value, || {
                 println!("playbook {name:?}: every step done; migration {migration} is {phase}")
             })
@@ -143,7 +144,10 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
                     println!("  {m}");
                 }
                 println!("To go on: {command}");
-                println!("then run the playbook again: reshard run {}", args.file.display());
+                println!(
+                    "then run the playbook again: reshard run {}",
+                    args.file.display()
+                );
             })
         }
         RunEnd::DryRun { migration, steps } => {
@@ -167,9 +171,7 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
         RunEnd::Interrupted { migration, step } => {
             let value = json!({ "playbook": name, "migration": migration, "end": "interrupted", "step": step });
             output::emit(ctx.output, &value, || {
-                println!(
-                    "playbook {name:?} stopped in step {step:?}; run it again to continue"
-                )
+                println!("playbook {name:?} stopped in step {step:?}; run it again to continue")
             })?;
             Err(Error::failed(format!("stopped in step {step:?}")))
         }
@@ -217,7 +219,11 @@ pub async fn approve(ctx: &Ctx, name: &str, step: &str, reason: Option<String>) 
 
 pub async fn plan(ctx: &Ctx, args: PlanArgs) -> Result<()> {
     let pb = read(&args.file)?;
-    let driver = Driver::new(ctx.store.clone(), ctx.actor.clone(), Arc::new(crate::driver::Quiet));
+    let driver = Driver::new(
+        ctx.store.clone(),
+        ctx.actor.clone(),
+        Arc::new(crate::driver::Quiet),
+    );
     let report = crate::driver::capacity::plan(&driver, &pb).await?;
     output::emit(ctx.output, &report, || super::capacity::print(&report))
 }
@@ -300,7 +306,9 @@ impl Progress for Screen {
     fn note(&self, message: &str) {
         let mut last = self.last_line.lock().expect("line lock");
         // Notes that repeat every second (a soak's countdown) are thinned out.
-        if message.starts_with("soak:") && last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
+        if message.starts_with("soak:")
+            && last.is_some_and(|t| t.elapsed() < Duration::from_secs(10))
+        {
             return;
         }
         *last = Some(Instant::now());

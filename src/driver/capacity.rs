@@ -55,7 +55,9 @@ pub async fn plan(driver: &Driver, pb: &Playbook) -> Result<Report> {
             .collection(&location)
             .map_err(|e| Error::bad_input(e.to_string()))?;
         let failed = |e: mongodb::error::Error| {
-            Error::failed(crate::redact::redact_uri(&format!("reading {location}: {e}")))
+            Error::failed(crate::redact::redact_uri(&format!(
+                "reading {location}: {e}"
+            )))
         };
         let documents = coll.estimated_document_count().await.map_err(failed)?;
         let docs: Vec<Document> = coll

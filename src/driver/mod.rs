@@ -145,9 +145,7 @@ impl Driver {
         let current = self.store.migration(id).await?;
         // A driver that stopped inside a write switch left it there (routers hold writes):
         // finish the switch, forward or back, before anything else.
-        if matches!(current.phase(), Phase::WriteSwitch | Phase::RevertSwitch)
-            && !options.dry_run
-        {
+        if matches!(current.phase(), Phase::WriteSwitch | Phase::RevertSwitch) && !options.dry_run {
             self.write_switch(&current, options).await?;
             if self.store.migration(id).await?.phase() == to {
                 return Ok(());

@@ -129,10 +129,18 @@ pub async fn run(driver: &Driver, pb: &Playbook, options: &RunOptions) -> Result
         }
         if let Action::Approve { message } = &step.action {
             if record.is_some_and(|r| r.approved_at.is_some()) {
-                let by = record.and_then(|r| r.approved_by.clone()).unwrap_or_default();
+                let by = record
+                    .and_then(|r| r.approved_by.clone())
+                    .unwrap_or_default();
                 driver
                     .store
-                    .step_done(name, position as i32, &step.name, &json!({ "approved_by": by }), &driver.actor)
+                    .step_done(
+                        name,
+                        position as i32,
+                        &step.name,
+                        &json!({ "approved_by": by }),
+                        &driver.actor,
+                    )
                     .await?;
                 driver.progress().step(
                     position,
@@ -242,10 +250,8 @@ async fn check_edits(
         return Ok(());
     }
     let steps = driver.store.playbook_steps(&pb.doc.name).await?;
-    let pinned: Vec<serde_json::Value> = row.content["steps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let pinned: Vec<serde_json::Value> =
+        row.content["steps"].as_array().cloned().unwrap_or_default();
     let now: Vec<serde_json::Value> = content["steps"].as_array().cloned().unwrap_or_default();
     for s in steps.iter().filter(|s| s.finished_at.is_some()) {
         let i = s.position as usize;
@@ -311,7 +317,7 @@ pub fn diff(a: &str, b: &str) -> String {
             lines.push((' ', a[i]));
             i += 1;
             j += 1;
-        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
+        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] > lcs[i + 1][j]) {
             lines.push(('+', b[j]));
             j += 1;
         } else {
@@ -374,7 +380,12 @@ async fn check_new(driver: &Driver, pb: &Playbook) -> Result<()> {
             Error::bad_input(
                 errors
                     .iter()
-                    .map(|e| format!("playbook {:?}: {what}.{}: {}", pb.doc.name, e.path, e.message))
+                    .map(|e| {
+                        format!(
+                            "playbook {:?}: {what}.{}: {}",
+                            pb.doc.name, e.path, e.message
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join("\n"),
             )
@@ -401,7 +412,12 @@ async fn create(driver: &Driver, pb: &Playbook, content: &serde_json::Value) -> 
     let from = match &pb.source {
         Source::Version(n) => *n,
         Source::Spec(v) => {
-            let spec = pb.doc.source.spec.as_ref().expect("a spec source has its spec");
+            let spec = pb
+                .doc
+                .source
+                .spec
+                .as_ref()
+                .expect("a spec source has its spec");
             version_number(driver, v, &crate::spec::spec_text(spec)).await?
         }
     };
@@ -474,7 +490,9 @@ async fn dry_run(driver: &Driver, pb: &Playbook, m: Option<&Migration>) -> Resul
                     pb.doc.name, s.name
                 ),
                 other => match other.reaches() {
-                    Some(to) if forward_rank(phase) >= forward_rank(to) && to != Phase::RolledBack => {
+                    Some(to)
+                        if forward_rank(phase) >= forward_rank(to) && to != Phase::RolledBack =>
+                    {
                         format!("would check its work ({phase} reached)")
                     }
                     Some(to) => format!("would run: {phase} -> {to}"),
@@ -638,7 +656,8 @@ async fn run_task(
     let result = loop {
         let totals = driver.store.task_totals(id, task).await?;
         let now = Instant::now();
-        let rate = (totals.scanned - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-3);
+        let rate =
+            (totals.scanned - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-3);
         if now.duration_since(last.0) >= Duration::from_secs(1) {
             last = (now, totals.scanned);
         }
@@ -808,7 +827,9 @@ async fn reconcile(driver: &Driver, pb: &Playbook, id: i64, r: &Reconcile) -> Re
     let mut runs = Vec::new();
     for attempt in 1..=r.attempts {
         let outcome = super::reconcile::run(driver, id, request.clone()).await?;
-        runs.push(json!({ "run": outcome.run.id, "passed": outcome.passed, "findings": outcome.found }));
+        runs.push(
+            json!({ "run": outcome.run.id, "passed": outcome.passed, "findings": outcome.found }),
+        );
         if outcome.passed {
             return Ok(json!({ "runs": runs }));
         }

@@ -198,7 +198,12 @@ mod tests {
         );
         assert_eq!(resolve_uri("mongodb://h").unwrap(), "mongodb://h");
         let missing = resolve_uri("mongodb://${RESHARD_TEST_URI_NOT_SET_ANYWHERE}").unwrap_err();
-        assert!(missing.to_string().contains("RESHARD_TEST_URI_NOT_SET_ANYWHERE"), "{missing}");
+        assert!(
+            missing
+                .to_string()
+                .contains("RESHARD_TEST_URI_NOT_SET_ANYWHERE"),
+            "{missing}"
+        );
         assert!(resolve_uri("mongodb://${oops").is_err());
     }
 }

@@ -158,13 +158,9 @@ enum TenantForm {
     /// An integer key.
     Int(i64),
     /// An ObjectId, 24 hex digits.
-    ObjectId {
-        oid: String,
-    },
+    ObjectId { oid: String },
     /// A UUID.
-    Uuid {
-        uuid: String,
-    },
+    Uuid { uuid: String },
     /// Binary data in hex (subtype 0 unless given).
     Binary {
         binary: String,

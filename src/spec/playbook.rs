@@ -971,9 +971,10 @@ fn opt_duration(
 fn waves(values: &Option<Vec<f64>>, path: &str, problems: &mut Problems) -> Option<[f64; 3]> {
     let values = values.as_ref()?;
     match <[f64; 3]>::try_from(values.as_slice()) {
-        Ok(w) if w.iter().all(|x| *x > 0.0 && *x <= 100.0)
-            && w.windows(2).all(|p| p[0] <= p[1])
-            && w[2] == 100.0 =>
+        Ok(w)
+            if w.iter().all(|x| *x > 0.0 && *x <= 100.0)
+                && w.windows(2).all(|p| p[0] <= p[1])
+                && w[2] == 100.0 =>
         {
             Some(w)
         }
@@ -1205,7 +1206,10 @@ pub fn forward_rank(phase: Phase) -> usize {
         Phase::Cleanup,
         Phase::Completed,
     ];
-    ORDER.iter().position(|p| *p == phase).unwrap_or(ORDER.len())
+    ORDER
+        .iter()
+        .position(|p| *p == phase)
+        .unwrap_or(ORDER.len())
 }
 
 fn settings(doc: &SettingsDoc, problems: &mut Problems) -> Option<MigrationSettings> {
@@ -1311,10 +1315,16 @@ target:
         let errors = parse_playbook("p.yaml", &text).unwrap_err();
         let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         let all = text.join("\n");
-        assert!(all.contains("settings.colour: unknown field \"colour\"; allowed:"), "{all}");
+        assert!(
+            all.contains("settings.colour: unknown field \"colour\"; allowed:"),
+            "{all}"
+        );
         assert!(all.contains("settings.batch_size: 0 is too small"), "{all}");
         assert!(all.contains("steps[0].advance"), "{all}");
-        assert!(all.contains("steps[1].backfill.wrkers: unknown field"), "{all}");
+        assert!(
+            all.contains("steps[1].backfill.wrkers: unknown field"),
+            "{all}"
+        );
         assert!(all.contains("exactly one kind"), "{all}");
         // Located: the line of the offending step.
         assert!(errors.iter().all(|e| e.line.is_some()), "{all}");
@@ -1339,10 +1349,15 @@ target:
     fn durations_are_durations() {
         let text = format!("{MINIMAL}steps:\n  - soak: ten minutes\n");
         let all = parse_playbook("p.yaml", &text).unwrap_err()[0].to_string();
-        assert!(all.contains("steps[0].soak: \"ten minutes\" is not a duration"), "{all}");
+        assert!(
+            all.contains("steps[0].soak: \"ten minutes\" is not a duration"),
+            "{all}"
+        );
         let text = format!("{MINIMAL}steps:\n  - soak: 90s\n");
         let p = parse_playbook("p.yaml", &text).unwrap();
-        assert!(matches!(&p.steps[0].action, Action::Soak(s) if s.duration == Duration::from_secs(90)));
+        assert!(
+            matches!(&p.steps[0].action, Action::Soak(s) if s.duration == Duration::from_secs(90))
+        );
     }
 
     #[test]
