@@ -58,6 +58,21 @@ struct Args {
     /// Seed of the workload (printed; random when not given).
     #[arg(long)]
     seed: Option<u64>,
+    /// The hot customer's share of the orders (0..1); the others follow the Zipf law. Without
+    /// it, all customers do.
+    #[arg(long)]
+    hot_share: Option<f64>,
+    /// Instead of the workload: put this many existing orders where the collection's current
+    /// version places them (written directly, as data from before reshard), `createdAt` spread
+    /// over the last `--seed-window-secs`.
+    #[arg(long)]
+    seed_orders: Option<u64>,
+    #[arg(long, default_value_t = 600)]
+    seed_window_secs: u64,
+    /// Instead of the workload: print, per shard, the orders it holds and those created in
+    /// the last SECONDS (the insert load it takes), as JSON.
+    #[arg(long, value_name = "SECONDS")]
+    shard_load: Option<u64>,
 }
 
 /// Samples customer ranks 1..=n with probability proportional to 1/k^s.
@@ -80,6 +95,21 @@ impl Zipf {
     fn sample(&self, rng: &mut impl Rng) -> usize {
         let x = rng.gen::<f64>() * self.cumulative.last().copied().unwrap_or(1.0);
         self.cumulative.partition_point(|c| *c < x) + 1
+    }
+}
+
+/// Picks a customer: `cust-hot` with probability `hot_share`, the others by Zipf rank; or all
+/// by Zipf rank.
+fn pick_tenant(rng: &mut impl Rng, zipf: &Zipf, hot_share: Option<f64>) -> String {
+    match hot_share {
+        Some(share) if rng.gen_bool(share.clamp(0.0, 1.0)) => tenant_name(1),
+        Some(_) => loop {
+            let rank = zipf.sample(rng);
+            if rank != 1 || zipf.cumulative.len() == 1 {
+                break tenant_name(rank);
+            }
+        },
+        None => tenant_name(zipf.sample(rng)),
     }
 }
 
@@ -187,17 +217,20 @@ fn not_applied(e: &RouterError) -> bool {
     )
 }
 
-async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
+async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf, hot: Option<f64>) {
     let roll: u32 = w.rng.gen_range(0..100);
     shared.counts.lock().unwrap().ops += 1;
     let result: Result<(), RouterError> = async {
         match roll {
             // Insert a new order for a Zipf-chosen customer.
             0..=29 => {
-                let tenant = tenant_name(zipf.sample(&mut w.rng));
+                let tenant = pick_tenant(&mut w.rng, zipf, hot);
                 let id = format!("w{}-{}", w.n, w.next_id);
                 w.next_id += 1;
-                let doc = doc! { "_id": &id, "customerId": &tenant, "qty": 1, "status": "new", "version": 1 };
+                let doc = doc! {
+                    "_id": &id, "customerId": &tenant, "qty": 1, "status": "new", "version": 1,
+                    "createdAt": mongodb::bson::DateTime::now(),
+                };
                 w.orders.insert(id.clone(), (tenant.clone(), None));
                 router.insert(doc.clone()).await?;
                 shared.log(w.n, "insert", &tenant, &id, Some(app_fields(&doc)));
@@ -261,7 +294,7 @@ async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
             }
             // List a customer and compare my orders of that customer.
             _ => {
-                let tenant = tenant_name(zipf.sample(&mut w.rng));
+                let tenant = pick_tenant(&mut w.rng, zipf, hot);
                 let mut seen: BTreeMap<String, Value> = BTreeMap::new();
                 let mut after: Option<Bson> = None;
                 loop {
@@ -316,7 +349,102 @@ async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf) {
     }
 }
 
+/// Writes `n` orders where the current version places them, in batches per location.
+async fn seed_orders(args: &Args, n: u64) -> Result<bool, Box<dyn std::error::Error>> {
+    let store = reshard::store::Store::connect(&args.database_url).await?;
+    let current = store.current_version(&args.collection).await?;
+    let version = store
+        .version(&args.collection, Some(current))
+        .await?
+        .version;
+    let shards = reshard::shards::Shards::connect(&store.shards().await?, false).await?;
+    let zipf = Zipf::new(args.tenants.max(1), args.zipf);
+    let mut rng = StdRng::seed_from_u64(args.seed.unwrap_or(7));
+    let now = mongodb::bson::DateTime::now().timestamp_millis();
+    let window = (args.seed_window_secs * 1000).max(1) as i64;
+    let mut batches: HashMap<reshard::routing::Location, Vec<Document>> = HashMap::new();
+    let mut written = 0_u64;
+    let started = Instant::now();
+    for i in 0..n {
+        let tenant = pick_tenant(&mut rng, &zipf, args.hot_share);
+        let id = format!("seed-{i:07}");
+        let located = version.locate(
+            &reshard::routing::KeyValue::String(tenant.clone()),
+            &reshard::routing::KeyValue::String(id.clone()),
+        )?;
+        let mut doc = doc! {
+            "_id": &id, "customerId": &tenant, "qty": rng.gen_range(1..10), "status": "new",
+            "version": 1,
+            "createdAt": mongodb::bson::DateTime::from_millis(now - window + (i as i64 * window) / n.max(1) as i64),
+        };
+        if let Some(field) = version.routing_field() {
+            doc.insert(field, located.sub_bucket as i32);
+        }
+        let location = located.locations[0].clone();
+        let batch = batches.entry(location.clone()).or_default();
+        batch.push(doc);
+        if batch.len() >= 1000 {
+            let docs = std::mem::take(batch);
+            written += docs.len() as u64;
+            shards.collection(&location)?.insert_many(docs).await?;
+        }
+    }
+    for (location, docs) in batches {
+        if !docs.is_empty() {
+            written += docs.len() as u64;
+            shards.collection(&location)?.insert_many(docs).await?;
+        }
+    }
+    println!(
+        "{}",
+        json!({ "seeded": written, "seconds": started.elapsed().as_secs_f64() })
+    );
+    Ok(true)
+}
+
+/// Per shard: the orders it holds (tombstones aside) and those created in the last `secs`.
+async fn shard_load(args: &Args, secs: u64) -> Result<bool, Box<dyn std::error::Error>> {
+    let store = reshard::store::Store::connect(&args.database_url).await?;
+    let registered = store.shards().await?;
+    let shards = reshard::shards::Shards::connect(&registered, false).await?;
+    let since = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() - (secs * 1000) as i64,
+    );
+    let live = doc! { "_reshard.deleted": { "$ne": true } };
+    let mut out = serde_json::Map::new();
+    for shard in &registered {
+        let db = shards.database(&shard.name)?;
+        let (mut documents, mut recent) = (0_u64, 0_u64);
+        for name in db.list_collection_names().await? {
+            if !name.starts_with(&args.collection) {
+                continue;
+            }
+            let coll = db.collection::<Document>(&name);
+            documents += coll.count_documents(live.clone()).await?;
+            let mut filter = live.clone();
+            filter.insert("createdAt", doc! { "$gte": since });
+            recent += coll.count_documents(filter).await?;
+        }
+        out.insert(
+            shard.name.clone(),
+            json!({
+                "documents": documents,
+                "inserted_recently": recent,
+                "inserts_per_sec": recent as f64 / secs.max(1) as f64,
+            }),
+        );
+    }
+    println!("{}", Value::Object(out));
+    Ok(true)
+}
+
 async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
+    if let Some(n) = args.seed_orders {
+        return seed_orders(&args, n).await;
+    }
+    if let Some(secs) = args.shard_load {
+        return shard_load(&args, secs).await;
+    }
     let mut config = RouterConfig::named("orders-app");
     config.heartbeat_interval = Duration::from_millis(500);
     let router = Router::connect(&args.database_url, &args.collection, config).await?;
@@ -348,11 +476,24 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         counts: Default::default(),
     });
     let zipf = Arc::new(Zipf::new(args.tenants.max(1), args.zipf));
+    let hot = args.hot_share;
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    // SIGINT or SIGTERM end the workload early; the ledger is flushed as after a full run.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = stop_tx.send(true);
+    });
     let per_worker = Duration::from_secs_f64(args.workers as f64 / args.rate.max(1) as f64);
     let mut tasks = Vec::new();
     for n in 0..args.workers {
         let (router, shared, zipf) = (router.clone(), shared.clone(), zipf.clone());
+        let stop = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
             let mut w = Worker {
                 n,
@@ -362,9 +503,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
             };
             let mut tick = tokio::time::interval(per_worker);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !*stop.borrow() {
                 tick.tick().await;
-                step(&router, &shared, &mut w, &zipf).await;
+                step(&router, &shared, &mut w, &zipf, hot).await;
             }
         }));
     }

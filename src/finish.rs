@@ -6,7 +6,8 @@
 //!   emptied, when the migration says so;
 //! - `rolled_back` (or back to `planned` before any target write): remove the target layout —
 //!   drop collections only the target uses, delete from shared collections what only the
-//!   target version places there — and purge the source's tombstones (mirrored deletes).
+//!   target version places there — then, once every router acknowledged the seal (deletes
+//!   stop leaving source tombstones), purge the source's tombstones.
 
 //!
 //! Both purges apply [`crate::protocol::purge_tombstone_step`] to every tombstone of a side at
@@ -70,7 +71,7 @@ pub async fn purge_completed(
     Ok(json!({ "tombstones_purged": purged, "dropped": dropped, "source_documents_left": kept }))
 }
 
-/// After a rollback: removes the target layout and purges the source's tombstones.
+/// After a rollback: removes the target layout.
 pub async fn remove_target_layout(
     from: &RoutingVersion,
     to: &RoutingVersion,
@@ -111,6 +112,20 @@ pub async fn remove_target_layout(
         }
         removed.insert(t.to_string(), n);
     }
+    Ok(json!({
+        "dropped": dropped,
+        "removed_from_shared": removed,
+    }))
+}
+
+/// After a rollback, once no router leaves or mirrors tombstones any more (every router
+/// acknowledged the seal): purges the source's tombstones, the mirrored deletes and the
+/// deletes made while the migration was rolled back but not sealed.
+pub async fn purge_source_tombstones(
+    from: &RoutingVersion,
+    shards: &Shards,
+) -> Result<serde_json::Value, FinishError> {
+    let sources: BTreeSet<Location> = from.locations().into_iter().collect();
     let mut purged = BTreeMap::new();
     for s in &sources {
         let r = shards
@@ -120,9 +135,5 @@ pub async fn remove_target_layout(
             .map_err(at(s))?;
         purged.insert(s.to_string(), r.deleted_count);
     }
-    Ok(json!({
-        "dropped": dropped,
-        "removed_from_shared": removed,
-        "source_tombstones_purged": purged,
-    }))
+    Ok(json!({ "source_tombstones_purged": purged }))
 }

@@ -266,6 +266,9 @@ pub struct MigrationState {
     pub epoch: i64,
     pub paused: bool,
     pub failure: Option<String>,
+    /// A rolled-back migration whose routers no longer need source tombstones: no router in
+    /// `revert_switch` is left to mirror (see [`Action::Seal`]).
+    pub sealed: bool,
 }
 
 /// Something an operator or a worker asks of a migration.
@@ -275,6 +278,10 @@ pub enum Action {
     Pause,
     Resume,
     Fail(String),
+    /// Once every router acknowledged `rolled_back`, the driver seals the migration: the
+    /// phase stays, the epoch moves on, and routers that acknowledge it delete without source
+    /// tombstones, which the driver then purges.
+    Seal,
 }
 
 impl Action {
@@ -284,6 +291,7 @@ impl Action {
             Action::Pause => "pause",
             Action::Resume => "resume",
             Action::Fail(_) => "fail",
+            Action::Seal => "seal",
         }
     }
 }
@@ -313,6 +321,8 @@ pub enum MoveError {
     NotPaused,
     #[error("the migration is already paused")]
     AlreadyPaused,
+    #[error("only a migration that rolled back is sealed, once; this one is in {0}")]
+    NotSealable(Phase),
 }
 
 fn rollback_moves(from: Phase) -> Vec<Phase> {
@@ -354,6 +364,21 @@ pub fn rollback_path(phase: Phase) -> Result<&'static [Phase], RollbackRefused> 
 /// Decides whether `action` may happen in `state`, and what the state becomes. Every persisted
 /// change bumps the epoch by one, whatever it is.
 pub fn plan(state: &MigrationState, action: &Action) -> Result<Change, MoveError> {
+    if let Action::Seal = action {
+        if state.phase != Phase::RolledBack || state.sealed {
+            return Err(MoveError::NotSealable(state.phase));
+        }
+        let to = MigrationState {
+            epoch: state.epoch + 1,
+            sealed: true,
+            ..state.clone()
+        };
+        return Ok(Change {
+            from: state.clone(),
+            to,
+            gates: &[Gate::RoutersAcknowledged],
+        });
+    }
     if state.phase.is_terminal() {
         return Err(MoveError::Ended(state.phase));
     }
@@ -408,6 +433,7 @@ pub fn plan(state: &MigrationState, action: &Action) -> Result<Change, MoveError
         Action::Fail(reason) => {
             to.failure = Some(reason.clone());
         }
+        Action::Seal => unreachable!("handled above"),
     }
     Ok(Change {
         from: state.clone(),
@@ -426,7 +452,30 @@ mod tests {
             epoch: 7,
             paused: false,
             failure: None,
+            sealed: false,
         }
+    }
+
+    #[test]
+    fn only_a_rolled_back_migration_is_sealed_once_every_router_acknowledged() {
+        let change = plan(&running(Phase::RolledBack), &Action::Seal).unwrap();
+        assert!(change.to.sealed);
+        assert_eq!(change.to.phase, Phase::RolledBack);
+        assert_eq!(change.to.epoch, 8);
+        assert_eq!(change.gates, &[Gate::RoutersAcknowledged]);
+        let sealed = change.to;
+        assert!(matches!(
+            plan(&sealed, &Action::Seal),
+            Err(MoveError::NotSealable(Phase::RolledBack))
+        ));
+        for phase in [Phase::RevertSwitch, Phase::Completed, Phase::Planned] {
+            assert!(matches!(
+                plan(&running(phase), &Action::Seal),
+                Err(MoveError::NotSealable(p)) if p == phase
+            ));
+        }
+        // Sealed, it is still ended: nothing else moves it.
+        assert!(plan(&sealed, &Action::Advance(Phase::Reverting)).is_err());
     }
 
     /// The whole table of allowed moves, written out independently of `Phase::next`, so that

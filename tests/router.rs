@@ -796,3 +796,121 @@ async fn a_router_draining_a_slow_step_keeps_its_lease_and_holds_the_switch() {
     assert_eq!(router.get(HOT, &oid).await.unwrap(), None, "resurrected");
     router.shutdown().await;
 }
+
+/// Runs one in-process worker on the migration until its current task has nothing left.
+async fn run_worker(w: &World) {
+    let mut cfg = reshard::backfill::WorkerConfig::new("test-worker");
+    cfg.migration = Some(w.migration);
+    cfg.exit_when_done = true;
+    cfg.lease_ttl = Duration::from_secs(3);
+    cfg.idle_poll = Duration::from_millis(200);
+    let worker = reshard::backfill::Worker::connect(w.store.clone(), cfg)
+        .await
+        .unwrap();
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::time::timeout(Duration::from_secs(60), worker.run(stop_rx))
+        .await
+        .expect("the worker did not finish")
+        .unwrap();
+}
+
+/// The hole a lapse opens in a rollback: in `reverting` a router writes the target, then its
+/// lease runs out before it mirrors the write to the source, and the copy back has already
+/// passed the id. The copy is outdated: `revert_complete` stays closed until a copy planned
+/// after the lapse ran, and that copy carries the write to the source, so the rolled-back
+/// collection keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_lapsing_behind_the_copy_back_sends_it_round_again() {
+    let w = Arc::new(world().await);
+    let oid = w.moving_id("lapse");
+    w.seed(HOT, &oid, 1).await;
+    let mut cfg = config("lapsing-api");
+    cfg.lease_ttl = Duration::from_secs(2);
+    cfg.fence_margin = Some(Duration::from_millis(500));
+    let router_id = Arc::new(std::sync::OnceLock::<uuid::Uuid>::new());
+    let lock: Arc<tokio::sync::Mutex<Option<sqlx::Transaction<'static, sqlx::Postgres>>>> =
+        Arc::default();
+    let (hook, fired) = {
+        let (w, router_id, lock) = (w.clone(), router_id.clone(), lock.clone());
+        before_once("mirror_to_source", Side::Source, None, move || {
+            let (w, router_id, lock) = (w.clone(), router_id.clone(), lock.clone());
+            async move {
+                // Renewals block (the lock), so the lease runs out before the mirror is sent.
+                let pool = w.db.pool().await;
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query("SELECT 1 FROM routers WHERE id = $1 FOR KEY SHARE")
+                    .bind(router_id.get().unwrap())
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                *lock.lock().await = Some(tx);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            .boxed()
+        })
+    };
+    let router = w.router(config("steady-api")).await;
+    w.to_backfill(&[&router]).await;
+    w.copy(HOT, &oid).await;
+    cfg.step_hook = Some(hook);
+    let lapsing = w.router(cfg).await;
+    router_id.set(lapsing.id()).unwrap();
+    w.advance(&[&router, &lapsing], &[Phase::Reverting]).await;
+    run_worker(&w).await;
+    let to_switch = || {
+        w.store.transition(
+            w.migration,
+            &reshard::phase::Action::Advance(Phase::RevertSwitch),
+            "test",
+            None,
+            true,
+        )
+    };
+    to_switch().await.expect("the copy back is complete");
+
+    // The write lands in the target; its mirror is never sent.
+    let result = lapsing
+        .update(HOT, &oid, doc! { "$set": { "total": 9 } })
+        .await;
+    assert!(fired.load(Ordering::SeqCst), "the mirror never stalled");
+    assert!(
+        matches!(result, Err(RouterError::OutcomeUnknown)),
+        "{result:?}"
+    );
+    let source = w.coll(&w.v1, HOT, &oid);
+    let in_source = || async { source.find_one(doc! { "_id": &oid }).await.unwrap() };
+    assert_eq!(total(&in_source().await), Some(1), "the mirror was sent");
+    assert_eq!(total(&w.target_doc(HOT, &oid).await), Some(9));
+
+    // The copy back is outdated; the gate says so (even before the router renews).
+    let closed = to_switch().await.unwrap_err().to_string();
+    assert!(closed.contains("lapsed"), "{closed}");
+    lock.lock().await.take().unwrap().rollback().await.unwrap();
+    let closed = to_switch().await.unwrap_err().to_string();
+    assert!(closed.contains("lapsed"), "{closed}");
+
+    // The worker plans it again, after the lapse, and carries the write back.
+    run_worker(&w).await;
+    assert_eq!(total(&in_source().await), Some(9));
+    let m = w.store.migration(w.migration).await.unwrap();
+    let replanned = w
+        .store
+        .events(w.migration)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == reshard::store::events::EventKind::RevertPlanned)
+        .count();
+    assert_eq!(replanned, 2, "{m:?}");
+    let m = w.store.migration(m.id).await.unwrap();
+    let e = m.epoch;
+    assert!(lapsing.wait_for_epoch(e, Duration::from_secs(10)).await);
+    w.advance(
+        &[&router, &lapsing],
+        &[Phase::RevertSwitch, Phase::RolledBack],
+    )
+    .await;
+    assert_eq!(total(&router.get(HOT, &oid).await.unwrap()), Some(9));
+    lapsing.shutdown().await;
+    router.shutdown().await;
+}

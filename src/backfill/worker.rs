@@ -303,6 +303,12 @@ impl Worker {
             Task::Verify => return Ok(false),
         };
         if planned_at.is_some() {
+            if task == Task::Revert {
+                // A router that lapsed behind the copier outdates it: it starts over.
+                self.store
+                    .replan_revert_if_outdated(m.id, &self.config.actor)
+                    .await?;
+            }
             return Ok(true);
         }
         match task {

@@ -23,13 +23,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::phase::{self, Action, Phase};
+use crate::phase::{self, Action, Gate, Phase};
 use crate::settings::MigrationSettings;
 use crate::shards::Shards;
 use crate::store::events::{EventKind, NewEvent};
 use crate::store::migrations::{Migration, Transition};
 use crate::store::routers::Unacknowledged;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 /// What the driver tells whoever runs it. Every method has a default that does nothing.
 pub trait Progress: Send + Sync {
@@ -186,7 +186,7 @@ impl Driver {
             // Nothing may be purged or dropped while a router could still act on the old
             // phase.
             self.barrier(&reached, options.timeout).await?;
-            self.finish(&reached).await?;
+            self.finish(&reached, options.timeout).await?;
         }
         Ok(())
     }
@@ -269,7 +269,7 @@ impl Driver {
         let id = entered.id;
         match self.barrier(entered, options.switch_timeout).await {
             Ok(()) => {
-                let t = self
+                let moved = self
                     .store
                     .transition(
                         id,
@@ -278,7 +278,28 @@ impl Driver {
                         Some("write switch acknowledged"),
                         false,
                     )
-                    .await?;
+                    .await;
+                let t = match moved {
+                    // A router lapsed behind the copy back: writes resume (mirrored) while
+                    // it runs again, rather than stay held.
+                    Err(StoreError::GateClosed {
+                        gate: Gate::RevertComplete,
+                        detail,
+                    }) => {
+                        let why = format!("the copy back must run again: {detail}");
+                        let t = self
+                            .store
+                            .transition(id, &Action::Advance(back), &self.actor, Some(&why), false)
+                            .await?;
+                        self.progress.moved(&t, false);
+                        self.barrier(&t.migration, options.timeout).await?;
+                        return Err(Error::failed(format!(
+                            "{why}; migration {id} went back to {back} (writes resume, \
+                             mirrored), nothing was lost"
+                        )));
+                    }
+                    moved => moved?,
+                };
                 self.progress.moved(&t, false);
                 self.barrier(&t.migration, options.timeout).await
             }
@@ -308,7 +329,7 @@ impl Driver {
         };
         if pending {
             self.barrier(&m, timeout).await?;
-            self.finish(&m).await?;
+            self.finish(&m, timeout).await?;
         }
         Ok(())
     }
@@ -327,7 +348,7 @@ impl Driver {
     }
 
     /// Purges after `completed`; removes the target layout after a rollback.
-    async fn finish(&self, m: &Migration) -> Result<()> {
+    async fn finish(&self, m: &Migration, timeout: Duration) -> Result<()> {
         let (from, target) = self.store.migration_versions(m).await?;
         let shards = self.shards(false).await?;
         let failed = |e: crate::finish::FinishError| {
@@ -342,9 +363,25 @@ impl Driver {
             self.store.mark_tombstones_purged(m.id).await?;
             (EventKind::TombstonesPurged, d)
         } else {
-            let d = crate::finish::remove_target_layout(&from, &target, &shards)
+            let mut d = crate::finish::remove_target_layout(&from, &target, &shards)
                 .await
                 .map_err(failed)?;
+            // Routers of a rollback leave source tombstones until they acknowledge the seal
+            // (a router in `revert_switch` may have mirrored an older image); then purge.
+            if m.phase() == Phase::RolledBack && m.sealed_at.is_none() {
+                let t = self
+                    .store
+                    .transition(m.id, &Action::Seal, &self.actor, None, false)
+                    .await?;
+                self.progress.moved(&t, false);
+                self.barrier(&t.migration, timeout).await?;
+            }
+            let purged = crate::finish::purge_source_tombstones(&from, &shards)
+                .await
+                .map_err(failed)?;
+            if let (Some(d), serde_json::Value::Object(p)) = (d.as_object_mut(), purged) {
+                d.extend(p);
+            }
             self.store.mark_target_removed(m.id).await?;
             (EventKind::TargetRemoved, d)
         };

@@ -972,6 +972,17 @@ async fn rollback(
         reason: Some(format!("playbook {} rollback", pb.doc.name)),
         ..MoveOptions::default()
     };
+    // A router whose lease lapses behind the copy back sends it round again (the switch goes
+    // back to `reverting`); a few rounds are expected at most.
+    let mut rounds = 0;
+    let again = |e: Error, rounds: &mut u32| -> Result<()> {
+        *rounds += 1;
+        if *rounds > 5 {
+            return Err(e);
+        }
+        driver.progress().note(&format!("{e}"));
+        Ok(())
+    };
     loop {
         let m = driver.store.migration(id).await?;
         match m.phase() {
@@ -980,13 +991,33 @@ async fn rollback(
                 return Ok(Some(json!({ "phase": Phase::RolledBack })));
             }
             Phase::Reverting => {
+                driver
+                    .store
+                    .replan_revert_if_outdated(id, &driver.actor)
+                    .await?;
                 let outcome = run_task(driver, pb, id, Task::Revert, w, options).await?;
                 if outcome.is_none() {
                     return Ok(None);
                 }
-                driver.advance(id, Phase::RevertSwitch, &moves).await?;
+                if let Err(e) = driver.advance(id, Phase::RevertSwitch, &moves).await {
+                    let replanned = driver
+                        .store
+                        .replan_revert_if_outdated(id, &driver.actor)
+                        .await?;
+                    if replanned.is_none() {
+                        return Err(e);
+                    }
+                    again(e, &mut rounds)?;
+                }
             }
-            Phase::RevertSwitch => driver.advance(id, Phase::RolledBack, &moves).await?,
+            Phase::RevertSwitch => {
+                if let Err(e) = driver.advance(id, Phase::RolledBack, &moves).await {
+                    if driver.store.migration(id).await?.phase() != Phase::Reverting {
+                        return Err(e);
+                    }
+                    again(e, &mut rounds)?;
+                }
+            }
             Phase::Cleanup | Phase::Completed => {
                 return Err(Error::bad_input(format!(
                     "migration {id} is in {}: cleanup has deleted moved documents from the \

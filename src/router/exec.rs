@@ -34,7 +34,7 @@ pub async fn run_operation(
     op: Operation<Document, Document>,
 ) -> Result<Outcome<Document>, RouterError> {
     let mut places = Places::default();
-    let mut machine = OperationMachine::new(snapshot.phase, op);
+    let mut machine = OperationMachine::new(snapshot.phase, op).sealed(snapshot.sealed);
     let mut answer = None;
     loop {
         // The lease is checked again before every step (not only when the operation starts):
@@ -169,7 +169,13 @@ async fn execute(
     let db = database(inner, &location)?;
     let coll = location.collection.as_str();
     let materialise = |payload: Payload<Document>, rev: i64| {
-        materialise(snapshot, v, &located, keys, payload, rev)
+        let mut doc = materialise(snapshot, v, &located, keys, payload, rev);
+        if let Some(m) = rolled_back_source(snapshot, side) {
+            if let Ok(meta) = doc.get_document_mut(META) {
+                meta.insert("mig", m);
+            }
+        }
+        doc
     };
     let delete = |filter: Document| async move {
         command::delete_one(db, coll, filter, wc, deadline)
@@ -220,7 +226,12 @@ async fn execute(
             Answer::Matched(w.matched())
         }
         Step::UpdateLive(_, update) => {
-            let update = envelope::app_update(update, v, located.sub_bucket, snapshot.epoch);
+            let mut update = envelope::app_update(update, v, located.sub_bucket, snapshot.epoch);
+            if let Some(m) = rolled_back_source(snapshot, side) {
+                if let Ok(set) = update.get_document_mut("$set") {
+                    set.insert(format!("{META}.mig"), m);
+                }
+            }
             let w = command::update_one(db, coll, live, update, false, wc, deadline)
                 .await
                 .map_err(command_error)?;
@@ -231,6 +242,16 @@ async fn execute(
         Step::DeleteTombstone(_) => delete(tombstone).await?,
         Step::MirrorToSource => unreachable!("handled above"),
     })
+}
+
+/// After a rollback, a source write carries the migration (`_reshard.mig`) and counts its
+/// revision on from the mirrored one: a router still in `revert_switch` may carry an older
+/// target image of the id back to the source, and the mirror's condition
+/// ([`envelope::mirror`]) then sees the source as newer.
+fn rolled_back_source(snapshot: &Snapshot, side: Side) -> Option<i64> {
+    (snapshot.phase == crate::phase::Phase::RolledBack && side == Side::Source)
+        .then_some(snapshot.migration_id)
+        .flatten()
 }
 
 /// Carries the target's image of the id to the source unless the source already holds an equal

@@ -145,6 +145,8 @@ impl WriteConcernExt for WriteConcern {
 pub enum RouterError {
     #[error("the router could not renew its lease in time; nothing of this operation was applied; it refuses operations until it can reach the state store again")]
     RoutingStale,
+    #[error("the router was shut down; nothing of this operation was applied")]
+    ShutDown,
     #[error("the router's lease ran out before the operation finished: its write may or may not have been applied (nothing of it can land later); read the document back, or retry an idempotent write")]
     OutcomeUnknown,
     #[error("the shard refused the write: {0}")]
@@ -183,6 +185,8 @@ pub struct Snapshot {
     pub migration_id: Option<i64>,
     pub epoch: i64,
     pub phase: Phase,
+    /// A rolled-back migration that was sealed: deletes leave no source tombstone.
+    pub sealed: bool,
     pub source: Arc<RoutingVersion>,
     pub target: Arc<RoutingVersion>,
 }
@@ -194,6 +198,7 @@ impl Snapshot {
                 migration_id: Some(m.id),
                 epoch: m.epoch,
                 phase: m.phase(),
+                sealed: m.sealed_at.is_some(),
                 source: Arc::new(
                     store
                         .version(collection, Some(m.from_version))
@@ -209,6 +214,7 @@ impl Snapshot {
                     migration_id: None,
                     epoch: 0,
                     phase: Phase::Completed,
+                    sealed: false,
                     source: v.clone(),
                     target: v,
                 })
@@ -238,6 +244,8 @@ pub(crate) struct Inner {
     /// Wakes the follower (the lease lapsed: load the phase again).
     reload_now: Notify,
     stats: Mutex<OperationStats>,
+    /// Set by [`Router::shutdown`]: operations that have not taken the snapshot yet refuse.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// The router's lease, on the monotonic clock.
@@ -335,6 +343,7 @@ impl Router {
             beat_now: Notify::new(),
             reload_now: Notify::new(),
             stats: Mutex::new(OperationStats::default()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         // Acknowledge the epoch we start with at once.
         inner.heartbeat().await;
@@ -365,12 +374,20 @@ impl Router {
         matches!(reached, Ok(Ok(_)))
     }
 
-    /// Stops following, and removes the registration so that no barrier waits for it.
+    /// Stops following, and removes the registration so that no barrier waits for it. New
+    /// operations are refused ([`RouterError::ShutDown`]) and the ones in flight drain first
+    /// (each ends by its lease's deadline), while the lease is still renewed: a barrier that
+    /// stops waiting for this router once it deregistered must not have a write of it land
+    /// afterwards.
     pub async fn shutdown(&self) {
         let tasks = std::mem::take(&mut *self.task.lock().expect("router task lock"));
         if tasks.is_empty() {
             return;
         }
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        drop(self.inner.snapshot.write().await);
         for task in &tasks {
             task.abort();
         }
@@ -466,6 +483,7 @@ impl Router {
         let result = async {
             self.inner.check_lease()?;
             let snapshot = self.inner.snapshot.read().await;
+            self.inner.check_open()?;
             // A listing only reads, but a read answered from an old phase after the driver
             // counted this router out could miss documents cleanup removed: it ends by the
             // lease's deadline too.
@@ -529,6 +547,7 @@ impl Router {
             self.inner.check_lease()?;
             let outcome = {
                 let snapshot = self.inner.snapshot.read().await;
+                self.inner.check_open()?;
                 let keys = exec::Keys {
                     tenant,
                     id,
@@ -563,6 +582,14 @@ fn unreachable_outcome<T>(op: &str, outcome: Outcome<Document>) -> T {
 }
 
 impl Inner {
+    /// Refuses an operation once the router is shut down.
+    fn check_open(&self) -> Result<(), RouterError> {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(RouterError::ShutDown);
+        }
+        Ok(())
+    }
+
     /// Refuses to start an operation once the lease is about to run out.
     fn check_lease(&self) -> Result<(), RouterError> {
         self.step_deadline()

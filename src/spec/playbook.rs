@@ -473,6 +473,8 @@ pub struct Playbook {
     pub steps: Vec<Step>,
 }
 
+/// One per playbook: the size of the declared layout does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Source {
     /// A version registered already.
@@ -753,15 +755,10 @@ fn describe(
             path.to_owned(),
             format!("{found} is too large; the most allowed is {limit}"),
         ),
-        K::MinItems { limit } | K::MaxItems { limit }
-            if matches!(error.kind(), K::MinItems { .. }) && *limit == 3
-                || matches!(error.kind(), K::MaxItems { .. }) && *limit == 3 =>
-        {
-            (
-                path.to_owned(),
-                format!("{found} needs exactly 3 numbers (cumulative percentages, the last 100)"),
-            )
-        }
+        K::MinItems { limit } | K::MaxItems { limit } if *limit == 3 => (
+            path.to_owned(),
+            format!("{found} needs exactly 3 numbers (cumulative percentages, the last 100)"),
+        ),
         K::MinItems { limit } => (
             path.to_owned(),
             format!("{found} needs at least {limit} item(s)"),

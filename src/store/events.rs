@@ -38,6 +38,9 @@ pub enum EventKind {
     TombstonesPurged,
     /// After a rollback: the target layout was removed.
     TargetRemoved,
+    /// After a rollback: every router acknowledged `rolled_back`, deletes stop leaving source
+    /// tombstones.
+    Sealed,
     /// A playbook's step finished.
     StepDone,
     /// A playbook's later steps or settings were edited (the diff in the details).
@@ -66,6 +69,7 @@ impl EventKind {
             EventKind::Repaired => "repaired",
             EventKind::TombstonesPurged => "tombstones_purged",
             EventKind::TargetRemoved => "target_removed",
+            EventKind::Sealed => "sealed",
             EventKind::StepDone => "step_done",
             EventKind::PlaybookChanged => "playbook_changed",
             EventKind::Approved => "approved",

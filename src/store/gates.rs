@@ -99,7 +99,18 @@ pub(super) async fn check(
             }
             work_left(conn, migration, "revert")
                 .await?
-                .map_or(Ok(()), closed)
+                .map_or(Ok(()), closed)?;
+            if let Some(lapse) = revert_outdated(conn, migration).await? {
+                return closed(format!(
+                    "a router's lease lapsed after the copy back began (its last step may have \
+                     landed until {}), so it may have written the target without mirroring \
+                     behind the copier; the copy back runs again (`reshard worker --migration \
+                     {}`)",
+                    lapse.format("%Y-%m-%d %H:%M:%S%.3f UTC"),
+                    migration.id
+                ));
+            }
+            Ok(())
         }
     }
 }
@@ -119,4 +130,21 @@ async fn work_left(
     .fetch_one(&mut *conn)
     .await?;
     Ok((left > 0).then(|| format!("{left} of {total} {task} partition(s) are not done")))
+}
+
+/// When a router's lease lapsed after the copy back to the source was planned: until when its
+/// last step may have landed. Such a router may have written the target in `reverting` and
+/// been cut off by its lease before mirroring the write, after the copier passed the id; only
+/// a copy planned after that time has certainly seen the write. `None` when the copy is
+/// current (or not planned).
+pub(super) async fn revert_outdated(
+    conn: &mut PgConnection,
+    migration: &Migration,
+) -> StoreResult<Option<chrono::DateTime<chrono::Utc>>> {
+    let Some(planned) = migration.revert_planned_at else {
+        return Ok(None);
+    };
+    Ok(super::routers::last_lapse(conn, &migration.collection)
+        .await?
+        .filter(|lapse| *lapse > planned))
 }

@@ -28,6 +28,8 @@ pub struct Migration {
     pub tombstones_purged_at: Option<DateTime<Utc>>,
     /// After a rollback: when the target layout was removed.
     pub target_removed_at: Option<DateTime<Utc>>,
+    /// After a rollback: when the migration was sealed ([`Action::Seal`]).
+    pub sealed_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -56,6 +58,7 @@ impl Migration {
             epoch: self.epoch,
             paused: self.paused,
             failure: self.failure_reason.clone(),
+            sealed: self.sealed_at.is_some(),
         }
     }
 
@@ -96,8 +99,8 @@ pub struct Transition {
 pub(super) const MIGRATION_COLUMNS: &str =
     "id, collection, from_version, to_version, phase, epoch, paused,
     failure_reason, settings, backfill_planned_at, backfill_completed_at, cleanup_planned_at,
-    revert_planned_at, tombstones_purged_at, target_removed_at, created_at, updated_at,
-    finished_at";
+    revert_planned_at, tombstones_purged_at, target_removed_at, sealed_at, created_at,
+    updated_at, finished_at";
 
 impl Store {
     /// Plans a migration of `collection` from version `from` to version `to`. Refused while the
@@ -211,7 +214,8 @@ impl Store {
              SET phase = $3, epoch = $4, paused = $5, failure_reason = $6, updated_at = now(),
                  backfill_completed_at = CASE WHEN phase = 'backfill' AND $3 = 'reconcile'
                                               THEN now() ELSE backfill_completed_at END,
-                 finished_at = CASE WHEN $7 THEN now() ELSE finished_at END
+                 finished_at = CASE WHEN $7 THEN coalesce(finished_at, now()) ELSE finished_at END,
+                 sealed_at = CASE WHEN $8 THEN coalesce(sealed_at, now()) ELSE sealed_at END
              WHERE id = $1 AND epoch = $2
              RETURNING {MIGRATION_COLUMNS}"
         ))
@@ -222,6 +226,7 @@ impl Store {
         .bind(to.paused)
         .bind(&to.failure)
         .bind(to.phase.is_terminal())
+        .bind(to.sealed)
         .fetch_optional(&mut *tx)
         .await?;
         let updated = updated.ok_or_else(|| {
@@ -243,6 +248,7 @@ impl Store {
             Action::Pause => EventKind::Pause,
             Action::Resume => EventKind::Resume,
             Action::Fail(_) => EventKind::Fail,
+            Action::Seal => EventKind::Sealed,
         };
         let event = NewEvent::new(kind, details)
             .moved(change.from.phase, to.phase)

@@ -386,6 +386,63 @@ impl Store {
         Ok(true)
     }
 
+    /// Plans the copy back to the source again when a router's lease lapsed after it began
+    /// ([`super::gates`]): every revert partition starts over from its lower bound (a worker
+    /// holding one loses its lease) and `revert_planned_at` moves to now, after the lapse.
+    /// Only in `reverting`. Returns until when the lapsed router's last step may have landed,
+    /// or `None` when the copy was current.
+    pub async fn replan_revert_if_outdated(
+        &self,
+        migration_id: i64,
+        actor: &str,
+    ) -> StoreResult<Option<DateTime<Utc>>> {
+        let mut tx = self.pool().begin().await?;
+        let migration = migration_for_update(&mut tx, migration_id).await?;
+        if migration.phase() != crate::phase::Phase::Reverting {
+            return Ok(None);
+        }
+        let Some(lapse) = super::gates::revert_outdated(&mut tx, &migration).await? else {
+            return Ok(None);
+        };
+        let reset = sqlx::query(
+            "UPDATE partitions SET state = 'pending', lease_token = NULL, lease_owner = NULL,
+                 lease_expires_at = NULL, last_id = NULL, scanned = 0, inserted = 0,
+                 already_present = 0, stamped = 0, dead_lettered = 0, deleted = 0, kept = 0,
+                 skipped_foreign = 0, outcomes = '{}'::jsonb, started_at = NULL,
+                 finished_at = NULL
+             WHERE migration_id = $1 AND task = 'revert'",
+        )
+        .bind(migration_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        // The clock now, not the transaction's start: later than every lapse counted above.
+        sqlx::query("UPDATE migrations SET revert_planned_at = clock_timestamp() WHERE id = $1")
+            .bind(migration_id)
+            .execute(&mut *tx)
+            .await?;
+        let details = json!({
+            "again": true,
+            "partitions": reset,
+            "router_lapsed_until": lapse,
+        });
+        events::insert(
+            &mut tx,
+            &migration,
+            actor,
+            &NewEvent::new(EventKind::RevertPlanned, details),
+        )
+        .await?;
+        tx.commit().await?;
+        tracing::warn!(
+            migration = migration_id,
+            partitions = reset,
+            lapsed_until = %lapse,
+            "a router's lease lapsed after the copy back began: it runs again"
+        );
+        Ok(Some(lapse))
+    }
+
     /// The highest partition id of `task` a worker may claim now. Cleanup goes in waves: the
     /// first `waves[0]` percent of its partitions, then up to `waves[1]` once those are done,
     /// then all; other tasks are not limited (`None`).

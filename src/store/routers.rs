@@ -86,6 +86,29 @@ pub async fn unacknowledged(
         .collect())
 }
 
+/// The latest time until which a step of a router of `collection` whose lease lapsed may have
+/// landed: the lapses renewals found ([`Renewal::Lapsed`]) and the routers counted out now
+/// (whose lease ended and never came back). `None` when no router of it ever lapsed.
+///
+/// A copy back to the source that began before this time may have passed an id such a router
+/// then wrote in the target without mirroring it (see [`super::gates`]).
+pub async fn last_lapse(
+    conn: &mut PgConnection,
+    collection: &str,
+) -> StoreResult<Option<DateTime<Utc>>> {
+    Ok(sqlx::query_scalar(
+        "SELECT max(t) FROM (
+             SELECT lapsed_until AS t FROM routers WHERE collection = $1
+             UNION ALL
+             SELECT lease_expires_at + fence_margin FROM routers
+             WHERE collection = $1 AND lease_expires_at + fence_margin <= clock_timestamp()
+         ) lapses",
+    )
+    .bind(collection)
+    .fetch_one(conn)
+    .await?)
+}
+
 /// What a renewal found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
@@ -173,15 +196,30 @@ impl Store {
         fence_margin: std::time::Duration,
         beat: &Heartbeat<'_>,
     ) -> StoreResult<Renewal> {
+        // Lock first, in a statement of its own: a statement that waits for a row lock may
+        // have read the clock before the wait, and the lapse must be judged by the clock
+        // after it (a barrier holding the row meanwhile may have counted the router out).
+        let mut tx = self.pool().begin().await?;
+        let exists: Option<uuid::Uuid> =
+            sqlx::query_scalar("SELECT id FROM routers WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if exists.is_none() {
+            return Ok(Renewal::Gone);
+        }
         let continuous: Option<bool> = sqlx::query_scalar(
             "WITH old AS (
-                 SELECT id, lease_expires_at + fence_margin > clock_timestamp() AS continuous
+                 SELECT id, lease_expires_at + fence_margin > clock_timestamp() AS continuous,
+                        lease_expires_at + fence_margin AS fenced_at
                  FROM routers WHERE id = $1 FOR UPDATE
              )
              UPDATE routers r SET heartbeat_at = now(),
                     lease_expires_at = clock_timestamp() + make_interval(secs => $2),
                     fence_margin = make_interval(secs => $3),
-                    migration_id = $4, acked_epoch = $5, stats = $6
+                    migration_id = $4, acked_epoch = $5, stats = $6,
+                    lapsed_until = CASE WHEN old.continuous THEN r.lapsed_until
+                                        ELSE old.fenced_at END
              FROM old WHERE r.id = old.id
              RETURNING old.continuous",
         )
@@ -191,8 +229,9 @@ impl Store {
         .bind(beat.migration_id)
         .bind(beat.acked_epoch)
         .bind(beat.stats)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(match continuous {
             None => Renewal::Gone,
             Some(true) => Renewal::Continuous,
