@@ -1,7 +1,7 @@
-//! The write protocol, model-checked (issues 6 and 10, and the workers' batches): every
-//! interleaving of two routers, the backfill copier, the cleaner, the revert copier, a repairer
-//! and the driver moving phases, on a few operations over two or three ids, explored breadth
-//! first with state hashing.
+//! The write protocol, model-checked (issues 6 and 10, the workers' batches, and the rollback's
+//! end after a lapse): every interleaving of two routers, the backfill copier, the cleaner, the
+//! revert copier, a repairer and the driver moving phases and sealing a rollback, on a few
+//! operations over two or three ids, explored breadth first with state hashing.
 //!
 //! The actors run the product's own decisions from `reshard::protocol` (the operation machines;
 //! the workers' `backfill_action`, `cleanup_action`, `cleanup_decision` and `revert_action`; the
@@ -38,6 +38,24 @@
 //!   missing and otherwise deletes in any order, keeping what cannot be routed; the revert
 //!   copier reads target images and carries back, by revision, all but pristine copies; the
 //!   tombstones are purged on each side once nothing can copy or mirror an older version;
+//! - the rollback's end. In `reverting` every router operation mirrors the target document
+//!   it touched to the source before it reports; a read in `revert_switch` carries the
+//!   target's image to the source before it reads there (`OperationMachine::new`). A lapse
+//!   outdates the revert copy: a router counted out in `reverting` or `revert_switch` after
+//!   the revert copier's pass started may have left a target write behind the pass, never
+//!   mirrored (`State::revert_outdated`); the copy counts as complete (`Gate::RevertComplete`,
+//!   which guards both `reverting -> revert_switch` and `revert_switch -> rolled_back`) only
+//!   after a pass that started later, and the revert copier starts one, in `reverting` or in
+//!   `revert_switch`, once every live router acknowledged the phase. In `rolled_back` a router
+//!   stamps the source documents it writes as this migration's, revision counted on, so that
+//!   a late mirror by a router still in `revert_switch` never overwrites them, and a delete
+//!   leaves a source tombstone (`ReplaceLive(Source, Tombstone)`) until the rollback is
+//!   sealed: a driver move, once every live router acknowledged `rolled_back`, that keeps the
+//!   phase and bumps the epoch. Routers acknowledge the sealed epoch like any other (and a
+//!   router renewing after a lapse loads it), build their machines `.sealed(true)` from then
+//!   on, and the source's tombstone purge runs only once every live router acknowledged the
+//!   seal. A `revert_switch -> reverting` retreat is allowed whenever `Phase::next` allows it,
+//!   outdated copy or not: the model finds no need to forbid it;
 //! - a lost copy and its repair (`Setup::lose_a_copy`): one copy may be acknowledged but not
 //!   there; in `reconcile` and `new_reads` a repairer re-copies, for each id reconciliation
 //!   finds missing from the target or held there as a stale pristine copy, the source
@@ -63,18 +81,21 @@
 //!
 //! And in every final state: the migration ended (`completed` or `rolled_back`, or, with a lost
 //! copy, stopped by cleanup); after cleanup only target documents remain (and the documents
-//! that cannot be routed, in the source) and no tombstone is left; after a rollback the source
-//! holds the data and no tombstone. With a lost copy the reads are wrong by construction
-//! until a repair, so only cleanup's safety, the repair's writes and the final state are
-//! checked there.
+//! that cannot be routed, in the source) and no tombstone is left; after a rollback it is
+//! sealed, the source's purge ran, and the source holds the data and no tombstone. With a
+//! lost copy the reads are wrong by construction until a repair, so only cleanup's safety,
+//! the repair's writes and the final state are checked there.
 //!
 //! Deliberately broken variants (`Broken`: the copier overwrites, first or only when it
 //! executes a batch again; a delete writes no tombstone; cleanup deletes without looking, or
 //! deletes what cannot be routed; the write switch is skipped; the rollback mirror ignores or
 //! misreads revisions; the revert copier starts before every router mirrors, or overwrites
 //! when it executes a batch again; a router checks its lease only when an operation starts; a
-//! takeover does not wait for the orphans) must each be caught, so that a clean run of the
-//! real protocol means something.
+//! takeover does not wait for the orphans; the revert copy counts as complete despite a lapse
+//! during its pass; a read in `revert_switch` looks at the source alone; source writes in
+//! `rolled_back` are not stamped; deletes in `rolled_back` remove the source document before
+//! the seal; the source's purge runs before every router acknowledged the seal) must each be
+//! caught, so that a clean run of the real protocol means something.
 //!
 //! Not modelled: documents that stay (a collection both layouts share, where a staying
 //! document is one physical slot for both sides and is stamped rather than copied); misplaced
@@ -82,7 +103,8 @@
 //! batch or partition per worker, and the read-ahead of the next batch; permanent refusals of a
 //! statement (a routable document dead-lettered); reconciliation itself (its gate passes; the
 //! repairer acts on what it would find); the state store beyond the phase, the checkpoints and
-//! the leases.
+//! the leases (the seal is one flag; the product's rule that a lapse outdates the revert
+//! copy compares the count-out's time with the pass's start, the model orders the actions).
 //!
 //! Always on: the issue's workload (2 routers x 3 operations x 2 ids) with every phase move, by
 //! itself and with one lease expiry, one transient failure, one worker kill, a lost copy, and a
@@ -171,8 +193,9 @@ impl Slot {
 struct Store {
     source: [Slot; IDS],
     target: [Slot; IDS],
-    /// Whether this migration's mirror wrote the source document (`_reshard.mig`): mirrors
-    /// compare revisions only with what a mirror wrote.
+    /// Whether the source document is stamped as this migration's (`_reshard.mig`): written
+    /// by a mirror, or by a router applying `rolled_back`. Mirrors compare revisions only
+    /// with such documents; any other source document is older than every target version.
     mirrored: [bool; IDS],
 }
 
@@ -208,19 +231,19 @@ fn written(prev: Slot, payload: &Payload<u8>, source_rev: u8) -> Slot {
 /// Executes one single-document step atomically. `MirrorToSource` is two steps and is run by
 /// the actors through [`mirror_read`] and [`mirror_write`].
 fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
-    let source_rev = store.source[id].rev().unwrap_or(0);
-    if let Step::Insert(Side::Source, _)
-    | Step::ReplaceLive(Side::Source, _)
-    | Step::ReplaceTombstone(Side::Source, _)
-    | Step::UpdateLive(Side::Source, _)
-    | Step::Delete(Side::Source)
-    | Step::DeleteLive(Side::Source)
-    | Step::DeleteTombstone(Side::Source)
-    | Step::ReplaceCopy(Side::Source, _) = step
-    {
-        // A source-path write replaces `_reshard`, so the document is no longer a mirror's.
+    let before = store.source[id];
+    let answer = execute_step(store, id, step);
+    // A source-path write replaces `_reshard`, so the document it wrote is no longer a
+    // mirror's; one that matched nothing leaves the document, and its stamp, as they were.
+    // (A router applying `rolled_back` stamps it again: `Model::router_execute`.)
+    if store.source[id] != before {
         store.mirrored[id] = false;
     }
+    answer
+}
+
+fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
+    let source_rev = store.source[id].rev().unwrap_or(0);
     match step {
         Step::Find(side) => Answer::Found(store.slot(*side, id).found()),
         Step::Insert(side, payload) => {
@@ -443,6 +466,9 @@ struct Run {
 struct Router {
     /// The phase this router applies: it acknowledged it and drained the older one.
     acked: Phase,
+    /// Whether the epoch it acknowledged is the sealed `rolled_back` (`State::sealed`): its
+    /// machines are built `.sealed(true)`, and its deletes leave no source tombstone.
+    acked_sealed: bool,
     next_op: u8,
     /// The operation in flight, numbered in `Model::runs`.
     run: Option<u32>,
@@ -609,6 +635,11 @@ struct State {
     /// revert copy is complete only after a pass that started later (`revert_outdated` in
     /// the product's gate).
     revert_outdated: bool,
+    /// `rolled_back` is sealed: the driver's move, once every live router acknowledged
+    /// `rolled_back`, that keeps the phase and bumps the epoch. No router mirrors any more
+    /// then; routers acknowledge the sealed epoch, and once every live one did, the source's
+    /// tombstones are purged.
+    sealed: bool,
     /// Lease expiries, transient statement failures and worker kills left to explore.
     expiries_left: u8,
     transients_left: u8,
@@ -666,6 +697,23 @@ enum Broken {
     /// A killed worker's batch is taken over without waiting for its orphans: an orphaned
     /// statement may land after the new worker finished and the migration moved on.
     OrphanAfterTakeover,
+    /// A read in `revert_switch` looks at the source alone (as before the lapse fix): the
+    /// executor answers its `MirrorToSource` as if nothing changed, without writing. A target
+    /// write whose router was cut off before mirroring it is then seen by readers of
+    /// `reverting` and not by those of `revert_switch`.
+    RevertSwitchReadsSourceOnly,
+    /// Source writes in `rolled_back` are not stamped as this migration's (they clear
+    /// `Store::mirrored`, as before the lapse fix): a late mirror of an older target image by a
+    /// router still in `revert_switch` takes them for older than itself and overwrites them.
+    RolledBackWritesUnstamped,
+    /// A delete in `rolled_back` before the seal removes the source document instead of
+    /// leaving a tombstone: a late mirror of the target's image brings it back.
+    RolledBackDeletesWithoutTombstone,
+    /// The source tombstone purge runs in `rolled_back` without waiting for every router to
+    /// acknowledge the seal (as before the lapse fix): a late mirror by a router still in
+    /// `revert_switch` brings a purged delete back, or a router not yet sealed leaves a
+    /// tombstone behind the purge.
+    PurgeBeforeSeal,
 }
 
 #[derive(Clone, Debug)]
@@ -713,6 +761,8 @@ impl Setup {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Act {
     Move(Phase),
+    /// The driver seals `rolled_back` (a new epoch, the same phase).
+    Seal,
     Ack(usize),
     /// The router's lease runs out (it could not reach the state store): the driver may count
     /// it out; an operation in flight stops before its next step.
@@ -739,7 +789,7 @@ enum Act {
         lands: bool,
     },
     /// One step of a tombstone purge: the target's after cleanup, the source's after a
-    /// rollback.
+    /// rollback, once every live router acknowledged the seal.
     Purge(Side),
     /// The repairer's next step.
     Repair,
@@ -871,7 +921,12 @@ impl<'a> Model<'a> {
         if let Some(value) = self.reads.borrow().get(&key) {
             return value.clone();
         }
-        let value = read(store, id, phase);
+        let value = read(
+            store,
+            id,
+            phase,
+            self.broken(Broken::RevertSwitchReadsSourceOnly),
+        );
         self.reads.borrow_mut().insert(key, value.clone());
         value
     }
@@ -895,6 +950,7 @@ impl<'a> Model<'a> {
         }
         let router = Router {
             acked: Phase::Planned,
+            acked_sealed: false,
             next_op: 0,
             run: None,
             live: true,
@@ -910,6 +966,7 @@ impl<'a> Model<'a> {
             repair_at: RepairAt::Idle,
             repaired: false,
             revert_outdated: false,
+            sealed: false,
             expiries_left: self.cfg.expiries,
             transients_left: self.cfg.transients,
             kills_left: self.cfg.kills,
@@ -964,10 +1021,12 @@ impl<'a> Model<'a> {
         match w {
             W::Copier => s.phase == Phase::Backfill,
             W::Cleaner => s.phase == Phase::Cleanup,
-            // Only once every live router mirrors its own writes (`revert_copy_step`).
+            // In `reverting` only once every live router mirrors its own writes
+            // (`revert_copy_step`); in `revert_switch` (a pass outdated by a lapse) once every
+            // live router holds its writes.
             W::Reverter => {
-                s.phase == Phase::Reverting
-                    && (self.broken(Broken::EarlyRevertCopy) || self.all_acked(s, Phase::Reverting))
+                matches!(s.phase, Phase::Reverting | Phase::RevertSwitch)
+                    && (self.broken(Broken::EarlyRevertCopy) || self.all_acked(s, s.phase))
             }
         }
     }
@@ -1004,15 +1063,6 @@ impl<'a> Model<'a> {
             if repairing && to != Phase::NewReads {
                 continue;
             }
-            // Once a lapse outdated the revert copy, the revert switch only goes forward: back
-            // in `reverting`, target-first readers would meet source-only readers of
-            // `revert_switch` while a write is in the target alone.
-            if (s.phase, to) == (Phase::RevertSwitch, Phase::Reverting)
-                && s.revert_outdated
-                && !self.broken(Broken::RevertIgnoresLapses)
-            {
-                continue;
-            }
             if s.phase
                 .gates_to(to)
                 .iter()
@@ -1020,6 +1070,9 @@ impl<'a> Model<'a> {
             {
                 acts.push(Act::Move(to));
             }
+        }
+        if s.phase == Phase::RolledBack && !s.sealed && self.all_acked(s, Phase::RolledBack) {
+            acts.push(Act::Seal);
         }
         for (r, router) in s.routers.iter().enumerate() {
             let ops_left = (router.next_op as usize) < self.cfg.workload.ops[r].len();
@@ -1042,7 +1095,7 @@ impl<'a> Model<'a> {
                 acts.push(Act::Step(r));
                 continue;
             }
-            if router.acked != s.phase {
+            if (router.acked, router.acked_sealed) != (s.phase, s.sealed) {
                 acts.push(Act::Ack(r));
             }
             // A write started in a phase that holds writes answers `Held` without a step and
@@ -1123,7 +1176,11 @@ impl<'a> Model<'a> {
         {
             acts.push(Act::Purge(Side::Target));
         }
+        // The source's purge: once every live router acknowledged the seal, no router
+        // mirrors and none leaves a source tombstone any more.
         if s.phase == Phase::RolledBack
+            && ((s.sealed && s.routers.iter().all(|r| !r.live || r.acked_sealed))
+                || self.broken(Broken::PurgeBeforeSeal))
             && matches!(
                 s.workers[W::Reverter as usize].stage,
                 Stage::Waiting | Stage::Done
@@ -1150,17 +1207,24 @@ impl<'a> Model<'a> {
                 say!(log, "driver: {} -> {}", s.phase, to);
                 s.phase = to;
             }
+            Act::Seal => {
+                say!(log, "driver: seals {}", s.phase);
+                s.sealed = true;
+            }
             Act::Ack(r) => {
-                say!(log, "router {r}: acknowledges {}", s.phase);
+                let sealed = if s.sealed { " (sealed)" } else { "" };
+                say!(log, "router {r}: acknowledges {}{sealed}", s.phase);
                 s.routers[r].acked = s.phase;
+                s.routers[r].acked_sealed = s.sealed;
             }
             Act::Expire(r) => {
                 say!(log, "router {r}: its lease runs out; ");
                 s.routers[r].live = false;
                 s.expiries_left -= 1;
-                // The product's rule (ARCHITECTURE.md, "A lapse outdates the revert copy"): a
-                // router counted out in `reverting` or `revert_switch` after the revert copy
-                // started may have left a target write behind it, never mirrored.
+                // A lapse outdates the revert copy: a router counted out in `reverting` or
+                // `revert_switch` after the revert copier's pass started may have left a
+                // target write behind the pass, never mirrored. (A pass due to be executed
+                // again after a transient failure reads every id again, after the lapse.)
                 if matches!(s.phase, Phase::Reverting | Phase::RevertSwitch)
                     && s.workers[W::Reverter as usize].stage != Stage::Waiting
                 {
@@ -1170,13 +1234,24 @@ impl<'a> Model<'a> {
                     if let Some(run) = s.routers[r].run.take() {
                         self.interrupt(s, r, self.runs.get(run), log)?;
                     }
+                    // What it applied no longer counts: it serves again only after loading
+                    // the current phase. Forgotten, so that states differing only there are
+                    // one.
+                    s.routers[r].acked = Phase::Planned;
+                    s.routers[r].acked_sealed = false;
                 }
             }
             Act::Renew(r) => {
                 // Renew, then load: it applies the phase of now.
-                say!(log, "router {r}: renews its lease and loads {}", s.phase);
+                let sealed = if s.sealed { " (sealed)" } else { "" };
+                say!(
+                    log,
+                    "router {r}: renews its lease and loads {}{sealed}",
+                    s.phase
+                );
                 s.routers[r].live = true;
                 s.routers[r].acked = s.phase;
+                s.routers[r].acked_sealed = s.sealed;
             }
             Act::Start(r) => {
                 let (id, op) = self.op(r, s.routers[r].next_op).clone();
@@ -1189,7 +1264,10 @@ impl<'a> Model<'a> {
                 let pending = self.pending(s, id, Some((r, &op)));
                 close(&mut lins, &pending);
                 s.lin[id] = self.lins.number(lins);
-                let mut machine = Machine::new(phase, op);
+                // Broken: deletes before the seal run as after it, without a source tombstone.
+                let sealed = s.routers[r].acked_sealed
+                    || self.broken(Broken::RolledBackDeletesWithoutTombstone);
+                let mut machine = Machine::new(phase, op).sealed(sealed);
                 let next = machine.next(None).map_err(|e| e.to_string())?;
                 source_writer = phase.write_path() == WritePath::Source;
                 self.advance(s, r, id, machine, next, log)?;
@@ -1225,17 +1303,24 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
-    /// Once rolled back and no router serves an earlier phase, no one reads the target any
-    /// more, and a copier batch that outlived the rollback writes nothing else: the model ends
-    /// it (and drops its orphans), sparing the states that differ only by what it did to the
-    /// dead target.
+    /// Once rolled back and every router that serves (or has a step to run) applies
+    /// `rolled_back`, no one reads the target any more (a router in `revert_switch` still
+    /// does, through its reads' mirrors) and no mirror can land in the source: the model
+    /// empties the dead target and forgets which source documents a mirror or a stamp wrote,
+    /// and ends a copier batch that outlived the rollback (dropping its orphans), sparing the
+    /// states that differ only there. A router counted out renews into `rolled_back`.
     fn forget_the_dead_target(&self, s: &mut State) {
         let dead = s.phase == Phase::RolledBack
             && s.routers
                 .iter()
-                .all(|r| matches!(r.acked, Phase::RevertSwitch | Phase::RolledBack));
+                .all(|r| r.acked == Phase::RolledBack || (!r.live && r.run.is_none()));
+        if !dead {
+            return;
+        }
+        s.store.target = [Slot::Absent; IDS];
+        s.store.mirrored = [false; IDS];
         let copier = s.worker(W::Copier);
-        if dead && (copier.stage != Stage::Done || copier.orphaned()) {
+        if copier.stage != Stage::Done || copier.orphaned() {
             copier.end(Stage::Done);
             copier.orphans = Default::default();
         }
@@ -1301,7 +1386,15 @@ impl<'a> Model<'a> {
         log: &mut Log,
     ) -> Checked<()> {
         let Run { mut machine, pend } = run;
+        let phase = s.routers[r].acked;
         let answer = match pend {
+            Pend::Step(Step::MirrorToSource)
+                if phase == Phase::RevertSwitch
+                    && self.broken(Broken::RevertSwitchReadsSourceOnly) =>
+            {
+                say!(log, "skips the mirror (broken); ");
+                Answer::Matched(false)
+            }
             Pend::MirrorWrite(image) => {
                 let a = mirror_write(&mut s.store, id, image, self.mirror_rule());
                 say!(log, "mirror writes {image:?} to the source -> {a:?}; ");
@@ -1317,7 +1410,7 @@ impl<'a> Model<'a> {
                 return Ok(());
             }
             Pend::Step(step) => {
-                let (a, how) = self.router_execute(&mut s.store, id, &step);
+                let (a, how) = self.router_execute(&mut s.store, id, &step, phase);
                 say!(log, "{step:?}{how} -> {a:?}; ");
                 a
             }
@@ -1326,13 +1419,25 @@ impl<'a> Model<'a> {
         self.advance(s, r, id, machine, next, log)
     }
 
-    /// The router's executor, with the broken delete when asked for.
+    /// The router's executor, with the broken delete when asked for. A router applying
+    /// `rolled_back` stamps the source document it writes as this migration's (`_reshard.mig`,
+    /// its revision counted on from the previous one), so that a late mirror compares
+    /// revisions with it.
     fn router_execute(
         &self,
         store: &mut Store,
         id: usize,
         step: &MStep,
+        phase: Phase,
     ) -> (Answer<u8>, &'static str) {
+        if phase == Phase::RolledBack && !self.broken(Broken::RolledBackWritesUnstamped) {
+            let before = store.source[id];
+            let a = execute(store, id, step);
+            if store.source[id] != before {
+                store.mirrored[id] = true;
+            }
+            return (a, "");
+        }
         if self.broken(Broken::DeleteWithoutTombstone) {
             match step {
                 Step::ReplaceLive(Side::Target, Payload::Tombstone) => {
@@ -1891,6 +1996,13 @@ impl<'a> Model<'a> {
                 }
             }
             Phase::RolledBack => {
+                if !s.sealed || (s.revert_purge_pos as usize) < ids {
+                    return Err(format!(
+                        "the rollback ended unsealed or before the source's purge (sealed: {}, \
+                         purged up to id {})",
+                        s.sealed, s.revert_purge_pos
+                    ));
+                }
                 for id in 0..ids {
                     if let Slot::Tomb { .. } = s.store.source[id] {
                         return Err(format!("the rollback ended with a tombstone of id {id}"));
@@ -1921,13 +2033,20 @@ impl<'a> Model<'a> {
 }
 
 /// A `get` run to completion at one instant, along `phase`'s read path, on a scratch copy of
-/// the store: the probe observes, its mirror (while rolling back) changes nothing that counts.
-fn read(store: &Store, id: usize, phase: Phase) -> Checked<Option<u8>> {
+/// the store: the probe observes, its mirror (while rolling back, and in the revert switch)
+/// changes nothing that counts. `source_only`: the broken `revert_switch` read, whose mirror
+/// the executor skips.
+fn read(store: &Store, id: usize, phase: Phase, source_only: bool) -> Checked<Option<u8>> {
     let mut store = *store;
     let mut machine = Machine::new(phase, Operation::Get);
     let mut next = machine.next(None).map_err(|e| e.to_string())?;
     loop {
         match next {
+            Next::Do(Step::MirrorToSource) if source_only && phase == Phase::RevertSwitch => {
+                next = machine
+                    .next(Some(Answer::Matched(false)))
+                    .map_err(|e| e.to_string())?;
+            }
             Next::Do(Step::MirrorToSource) => {
                 let image = mirror_read(&store, id);
                 let answer = mirror_write(&mut store, id, image, MirrorRule::Product);
@@ -1978,6 +2097,7 @@ fn fingerprint(s: &State) -> u64 {
         repair_at,
         repaired,
         revert_outdated,
+        sealed,
         expiries_left,
         transients_left,
         kills_left,
@@ -2011,10 +2131,11 @@ fn fingerprint(s: &State) -> u64 {
         words[2] |= target[id].bits() << (19 * id);
     }
     words[3] = u64::from(lin[0]) | u64::from(lin[1]) << 32;
-    words[4] = u64::from(lin[2]) | u64::from(*revert_outdated) << 32;
+    words[4] = u64::from(lin[2]) | u64::from(*revert_outdated) << 32 | u64::from(*sealed) << 33;
     for (r, router) in routers.iter().enumerate() {
         let Router {
             acked,
+            acked_sealed,
             next_op,
             run,
             live,
@@ -2022,7 +2143,8 @@ fn fingerprint(s: &State) -> u64 {
         words[5 + r] = acked as u64
             | u64::from(next_op) << 4
             | u64::from(live) << 12
-            | run.map_or(0, |n| u64::from(n) + 1) << 13;
+            | run.map_or(0, |n| u64::from(n) + 1) << 13
+            | u64::from(acked_sealed) << 44;
     }
     let stmt = |stmt: Option<Stmt>| -> u64 {
         match stmt {
@@ -2700,7 +2822,9 @@ fn a_takeover_that_does_not_wait_for_orphans_is_caught() {
 
 /// The hole the model with lease expiries found in `reverting`: a router's write lands in the
 /// target, its lease runs out before the mirror, and the revert copier had already passed the
-/// id. Counting the pass complete anyway leaves the source without a write some reader saw.
+/// id. Counting the pass complete anyway leaves the write in the target alone: readers of
+/// `rolled_back` (the source) and of `revert_switch` (which carry the target's image over
+/// first) disagree, or the source lacks a write a reader of `reverting` saw.
 #[test]
 fn a_revert_copy_that_ignores_a_lapse_during_its_pass_is_caught() {
     assert_caught_with(
@@ -2710,5 +2834,62 @@ fn a_revert_copy_that_ignores_a_lapse_during_its_pass_is_caught() {
             ..Setup::new(deletes_and_recreations())
         },
         "allows",
+    );
+}
+
+/// The `revert_switch` read before the lapse fix: the source alone. A router in `reverting`
+/// writes the target and is cut off before its mirror, the revert copier having passed the id;
+/// a reader of `revert_switch` then misses the write that readers of `reverting` see. The
+/// shortest trace goes through a `revert_switch -> reverting` retreat, but forbidding the
+/// retreat once the copy is outdated does not help: the lapse can come after the retreat,
+/// while a router has not acknowledged it yet.
+#[test]
+fn a_revert_switch_read_of_the_source_alone_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::RevertSwitchReadsSourceOnly),
+            expiries: 1,
+            ..Setup::new(deletes_and_recreations())
+        },
+        "allows",
+    );
+}
+
+/// A source write in `rolled_back` that is not stamped as this migration's: a router still in
+/// `revert_switch` carries the target's older image over it.
+#[test]
+fn an_unstamped_source_write_after_a_rollback_is_caught() {
+    assert_caught(
+        Broken::RolledBackWritesUnstamped,
+        false,
+        updates_and_deletes(),
+        "allows",
+    );
+}
+
+/// A delete in `rolled_back` that removes the source document before the seal: a router still
+/// in `revert_switch` carries the target's image back over the gap.
+#[test]
+fn a_delete_without_a_source_tombstone_before_the_seal_is_caught() {
+    assert_caught(
+        Broken::RolledBackDeletesWithoutTombstone,
+        false,
+        updates_and_deletes(),
+        "allows",
+    );
+}
+
+/// The source's tombstone purge run before every router acknowledged the seal. The shortest
+/// trace: a router not yet sealed deletes behind the purge, and its tombstone stays for good.
+/// Past it (with the end check's tombstone rule lifted) the exploration also finds the loss the
+/// seal prevents: a delete's source tombstone purged while a router is still in
+/// `revert_switch`, whose read carries the target's image back over the gap.
+#[test]
+fn a_source_purge_before_the_seal_is_caught() {
+    assert_caught(
+        Broken::PurgeBeforeSeal,
+        false,
+        updates_and_deletes(),
+        "the rollback ended with a tombstone",
     );
 }
