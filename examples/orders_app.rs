@@ -50,14 +50,18 @@ struct Args {
     /// Zipf exponent of the customer distribution.
     #[arg(long, default_value_t = 1.2)]
     zipf: f64,
-    #[arg(long)]
-    ledger: PathBuf,
+    /// The ledger of acknowledged writes (the workload and `--check`).
+    #[arg(long, required_unless_present_any = ["seed_orders", "shard_load"])]
+    ledger: Option<PathBuf>,
     /// Check the ledger against the final state instead of running the workload.
     #[arg(long)]
     check: bool,
     /// Seed of the workload (printed; random when not given).
     #[arg(long)]
     seed: Option<u64>,
+    /// Percent of operations that list a customer's orders (the rest of the mix scales down).
+    #[arg(long, default_value_t = 5)]
+    list_percent: u32,
     /// The hot customer's share of the orders (0..1); the others follow the Zipf law. Without
     /// it, all customers do.
     #[arg(long)]
@@ -217,8 +221,20 @@ fn not_applied(e: &RouterError) -> bool {
     )
 }
 
-async fn step(router: &Router, shared: &Shared, w: &mut Worker, zipf: &Zipf, hot: Option<f64>) {
-    let roll: u32 = w.rng.gen_range(0..100);
+async fn step(
+    router: &Router,
+    shared: &Shared,
+    w: &mut Worker,
+    zipf: &Zipf,
+    hot: Option<f64>,
+    list_percent: u32,
+) {
+    // Rolls 95..99 list; with fewer listings the rest of the mix takes their place.
+    let list_percent = list_percent.min(100);
+    let roll: u32 = match w.rng.gen_range(0..100) {
+        r if r < 100 - list_percent => r * 95 / (100 - list_percent).max(1),
+        _ => 95,
+    };
     shared.counts.lock().unwrap().ops += 1;
     let result: Result<(), RouterError> = async {
         match roll {
@@ -438,6 +454,12 @@ async fn shard_load(args: &Args, secs: u64) -> Result<bool, Box<dyn std::error::
     Ok(true)
 }
 
+fn ledger_path(args: &Args) -> Result<&PathBuf, Box<dyn std::error::Error>> {
+    args.ledger
+        .as_ref()
+        .ok_or_else(|| "--ledger is required".into())
+}
+
 async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     if let Some(n) = args.seed_orders {
         return seed_orders(&args, n).await;
@@ -449,7 +471,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     config.heartbeat_interval = Duration::from_millis(500);
     let router = Router::connect(&args.database_url, &args.collection, config).await?;
     if args.check {
-        let entries = ledger::read(BufReader::new(File::open(&args.ledger)?))?;
+        let entries = ledger::read(BufReader::new(File::open(ledger_path(&args)?)?))?;
         let expected = ledger::expected(&entries);
         let mut actual = BTreeMap::new();
         for (id, (tenant, _)) in &expected {
@@ -470,13 +492,14 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     eprintln!("orders_app: seed {seed}");
     let shared = Arc::new(Shared {
         ledger: Mutex::new(LedgerWriter::new(BufWriter::new(File::create(
-            &args.ledger,
+            ledger_path(&args)?,
         )?))),
         seq: Default::default(),
         counts: Default::default(),
     });
     let zipf = Arc::new(Zipf::new(args.tenants.max(1), args.zipf));
     let hot = args.hot_share;
+    let list_percent = args.list_percent;
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     // SIGINT or SIGTERM end the workload early; the ledger is flushed as after a full run.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -505,7 +528,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while Instant::now() < deadline && !*stop.borrow() {
                 tick.tick().await;
-                step(&router, &shared, &mut w, &zipf, hot).await;
+                step(&router, &shared, &mut w, &zipf, hot, list_percent).await;
             }
         }));
     }

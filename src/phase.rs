@@ -193,10 +193,11 @@ impl Phase {
     pub fn read_path(self) -> ReadPath {
         use Phase::*;
         match self {
-            // `revert_switch` reads the source alone: once `reverting` is acknowledged and the
-            // revert copy is done, the source holds everything anyone was told (see
-            // `protocol`), and a router still in `revert_switch` after the move to
-            // `rolled_back` must see the writes that move lets into the source.
+            // `revert_switch` reads the source (after carrying the target's image of the id to
+            // it): once `reverting` is acknowledged and the revert copy is done, the source
+            // holds everything anyone was told (see `protocol`), and a router still in
+            // `revert_switch` after the move to `rolled_back` must see the writes that move
+            // lets into the source.
             Planned | RolledBack | RevertSwitch => ReadPath::Source,
             DualRead | WriteSwitch | NewWrites | Backfill | Reconcile | Reverting => {
                 ReadPath::TargetThenSource
@@ -579,6 +580,13 @@ mod tests {
                 Phase::RevertSwitch,
                 &[Gate::RoutersAcknowledged, Gate::RevertComplete],
             ),
+            // A lapse seen only in the revert switch outdates the copy back there too.
+            (
+                Phase::RevertSwitch,
+                Phase::RolledBack,
+                &[Gate::RoutersAcknowledged, Gate::RevertComplete],
+            ),
+            (Phase::RevertSwitch, Phase::Reverting, &[]),
         ];
         for (from, to, gates) in cases {
             let change = plan(&running(*from), &Action::Advance(*to)).unwrap();

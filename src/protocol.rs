@@ -323,7 +323,8 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
         // While rolling back, every operation reports only once the target document it acted
         // on or looked at is mirrored to the source: whatever anyone was told (a write, a
         // read, a duplicate, a miss) is then in the source too, which is what lets
-        // `revert_switch` read the source alone while late mirrors are still in flight.
+        // `revert_switch` read the source (after one mirror of its own, for an operation a
+        // lease cut off before its mirror) while late mirrors are still in flight.
         if self.write == WritePath::TargetMirroredToSource && self.at != At::Mirror {
             self.mirrored = Some(outcome);
             return self.go(At::Mirror, Step::MirrorToSource);
@@ -642,8 +643,9 @@ pub fn cleanup_delete_step<D, U>() -> Step<D, U> {
 /// The tombstone purge that follows cleanup (target side) or a rollback (source side). Run
 /// only once nothing can copy or mirror an older version of the id any more and nothing
 /// writes tombstones: on the target side once every router acknowledged `completed` (routers
-/// in `cleanup` still tombstone, cleanup's presence check needs it); on the source side in
-/// `rolled_back` (every mirror drained in `revert_switch`).
+/// in `cleanup` still tombstone, cleanup's presence check needs it); on the source side once
+/// every router acknowledged the seal of `rolled_back` (no router in `revert_switch` is left
+/// to mirror, and deletes no longer leave source tombstones).
 pub fn purge_tombstone_step<D, U>(side: Side) -> Step<D, U> {
     Step::DeleteTombstone(side)
 }
@@ -652,7 +654,9 @@ pub fn purge_tombstone_step<D, U>(side: Side) -> Step<D, U> {
 /// by revision. It must start only once every live router acknowledged `reverting` (a router
 /// still in an earlier epoch writes the target without mirroring, and the copier may have
 /// passed that id already); from then on routers mirror their own writes, and the copier
-/// carries back everything written before.
+/// carries back everything written before. A router whose lease lapses after the pass began
+/// may have left a write unmirrored behind it: the pass is then outdated and runs again
+/// (ARCHITECTURE.md, "A lapse outdates the copy back").
 pub fn revert_copy_step<D, U>() -> Step<D, U> {
     Step::MirrorToSource
 }

@@ -486,3 +486,56 @@ async fn a_run_killed_anywhere_continues_and_ends_in_the_same_state() {
     assert_eq!(state(&f, &pb).await, expected);
     assert_at_target(&f, &pb, &seeded).await;
 }
+
+/// `reshard plan` on the hot-tenant example: the bucket count the formula gives on the
+/// playbook's numbers (`ceil(1200 x 1.3 / 100)` = 16), and the hot shard's write load spread
+/// over the shards after, the documents per shard adding up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_recommends_the_formulas_buckets_and_spreads_the_hot_shard() {
+    let f = Fixture::start().await;
+    let file = example("hot-tenant.yaml");
+    let pb = playbook(&file);
+    let docs = seed(&f, &pb, 600, 11).await;
+    let out = f.reshard(&["plan", "--output", "json", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+
+    let capacity = pb.doc.capacity.as_ref().unwrap();
+    let (limit, headroom) = (
+        capacity.per_shard_write_limit,
+        capacity.headroom.unwrap_or(0.0),
+    );
+    let peak = capacity.tenant_rates[0].peak_writes_per_sec;
+    let formula = (peak * (1.0 + headroom) / limit).ceil() as u64;
+    assert_eq!(formula, 16, "the playbook's numbers changed");
+    let hot = report["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == "cust-hot")
+        .expect("cust-hot is planned");
+    assert_eq!(hot["recommended_buckets"], formula, "{hot}");
+    assert_eq!(hot["buckets_in_target"], 16, "{hot}");
+    assert_eq!(hot["source"], "given", "{hot}");
+
+    let shards = report["shards"].as_array().unwrap();
+    let load = |key: &str| -> Vec<f64> {
+        shards
+            .iter()
+            .map(|s| s[key].as_f64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (before, after) = (load("writes_before"), load("writes_after"));
+    let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
+    // Before, one shard takes all of cust-hot's writes; after, every shard takes a share.
+    assert!(max(&before) >= peak, "{before:?}");
+    assert!(max(&after) < max(&before) / 2.0, "{before:?} -> {after:?}");
+    assert!(after.iter().all(|w| *w > 0.0), "{after:?}");
+    let total = |v: &[f64]| v.iter().sum::<f64>();
+    assert!((total(&before) - total(&after)).abs() < 1e-6 * total(&before).max(1.0));
+    let documents: u64 = shards
+        .iter()
+        .map(|s| s["documents_after"].as_u64().unwrap())
+        .sum();
+    assert_eq!(documents, docs.len() as u64, "{report}");
+}

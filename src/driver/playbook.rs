@@ -651,16 +651,19 @@ async fn run_task(
         None
     };
     let mut shutdown = options.shutdown.clone();
-    let mut last = (Instant::now(), 0_i64);
+    // The rate over the last 15 s: progress arrives a batch at a time, so a shorter window
+    // would flicker between 0 and bursts.
+    let mut samples: std::collections::VecDeque<(Instant, i64)> = Default::default();
     let started = Instant::now();
     let result = loop {
         let totals = driver.store.task_totals(id, task).await?;
         let now = Instant::now();
-        let rate =
-            (totals.scanned - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-3);
-        if now.duration_since(last.0) >= Duration::from_secs(1) {
-            last = (now, totals.scanned);
+        samples.push_back((now, totals.scanned));
+        while samples.len() > 2 && now.duration_since(samples[0].0) > Duration::from_secs(15) {
+            samples.pop_front();
         }
+        let (t0, n0) = samples[0];
+        let rate = (totals.scanned - n0) as f64 / now.duration_since(t0).as_secs_f64().max(1e-3);
         driver.progress().task(&TaskProgress {
             migration: id,
             task,

@@ -83,7 +83,10 @@ pub struct PlaybookDoc {
     #[serde(default)]
     pub settings: SettingsDoc,
     /// The capacity planner's inputs (`reshard plan`).
+    // Not nullable in the schema: a problem inside is then reported where it is, rather than
+    // as "matches no allowed form" of an `anyOf` with null.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "CapacityDoc")]
     pub capacity: Option<CapacityDoc>,
     /// The steps, in order. Left out: the whole forward path, with an approval before
     /// cleanup.
@@ -120,6 +123,7 @@ pub struct SourceDoc {
     #[schemars(range(min = 1))]
     pub version: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "VersionSpec")]
     pub spec: Option<VersionSpec>,
 }
 
@@ -1008,6 +1012,33 @@ fn workers(doc: &WorkersDoc, path: &str, problems: &mut Problems) -> Workers {
     }
 }
 
+/// What is wrong with a shard's URI: it must be a MongoDB connection string
+/// (`mongodb://`, `mongodb+srv://`) or name one by `${ENV_VAR}`.
+fn uri_problem(uri: &str) -> Option<String> {
+    let mut rest = uri;
+    while let Some(at) = rest.find("${") {
+        let after = &rest[at + 2..];
+        let Some(end) = after.find('}') else {
+            return Some(format!("{uri:?}: `${{` is not closed; write ${{ENV_VAR}}"));
+        };
+        let name = &after[..end];
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Some(format!(
+                "{uri:?}: {name:?} is not an environment variable name (letters, digits, _)"
+            ));
+        }
+        rest = &after[end + 1..];
+    }
+    let whole_variable =
+        uri.starts_with("${") && uri.ends_with('}') && uri.matches("${").count() == 1;
+    if whole_variable || uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://") {
+        return None;
+    }
+    Some(format!(
+        "{uri:?} is not a MongoDB URI; expected mongodb://..., mongodb+srv://... or ${{ENV_VAR}}"
+    ))
+}
+
 /// The document's meaning: versions, durations, settings, steps.
 fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
     let source = match (&doc.source.version, &doc.source.spec) {
@@ -1033,6 +1064,59 @@ fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
                 format!("shard {:?} is listed twice", shard.name),
             );
         }
+    }
+    for (i, shard) in doc.shards.iter().enumerate() {
+        if let Some(why) = uri_problem(&shard.uri) {
+            problems.add(format!("shards[{i}].uri"), why);
+        }
+    }
+    // The layouts themselves (placement covers every vbucket once, shards are declared, V
+    // stays, tenants once): the rules `reshard version create` applies. Shards are checked
+    // against the ones the playbook declares, when it declares any.
+    let referenced: BTreeSet<String> = match &source {
+        Some(Source::Spec(v)) => v.shards(),
+        _ => BTreeSet::new(),
+    }
+    .into_iter()
+    .chain(target.iter().flat_map(|t| t.shards()))
+    .collect();
+    let known = if doc.shards.is_empty() {
+        &referenced
+    } else {
+        &shard_names
+    };
+    let source_v = match &source {
+        Some(Source::Spec(v)) => {
+            let ctx = crate::routing::ValidationContext {
+                registered_shards: known,
+                previous_virtual_buckets: None,
+            };
+            if let Err(errors) = v.validate(&ctx) {
+                for e in errors {
+                    problems.add(format!("source.spec.{}", e.path), e.message);
+                }
+            }
+            v.virtual_buckets()
+        }
+        _ => None,
+    };
+    if let Some(t) = &target {
+        let ctx = crate::routing::ValidationContext {
+            registered_shards: known,
+            previous_virtual_buckets: source_v,
+        };
+        if let Err(errors) = t.validate(&ctx) {
+            for e in errors {
+                problems.add(format!("target.{}", e.path), e.message);
+            }
+        }
+    }
+    if doc.steps.as_ref().is_some_and(|s| s.is_empty()) {
+        problems.add(
+            "steps",
+            "no steps; leave `steps` out for the whole forward path (with an approval before \
+             cleanup), or list the steps to run",
+        );
     }
     let settings = settings(&doc.settings, problems);
     if let Some(capacity) = &doc.capacity {
