@@ -656,6 +656,19 @@ async fn run_task(
     let mut samples: std::collections::VecDeque<(Instant, i64)> = Default::default();
     let started = Instant::now();
     let result = loop {
+        // The migration first, then the partitions: a plan stores its partitions and its
+        // time in one transaction, so a plan seen here has its partitions in the totals read
+        // next (the other order took a plan made in between for an empty one).
+        let m = driver.store.migration(id).await?;
+        if let Some(reason) = &m.failure_reason {
+            break Err(Error::failed(format!("migration {id} failed: {reason}")));
+        }
+        let planned = match task {
+            Task::Backfill => m.backfill_planned_at.is_some(),
+            Task::Cleanup => m.cleanup_planned_at.is_some(),
+            Task::Revert => m.revert_planned_at.is_some(),
+            Task::Verify => true,
+        };
         let totals = driver.store.task_totals(id, task).await?;
         let now = Instant::now();
         samples.push_back((now, totals.scanned));
@@ -673,16 +686,6 @@ async fn run_task(
             approx_documents: totals.approx_documents,
             docs_per_sec: rate,
         });
-        let m = driver.store.migration(id).await?;
-        if let Some(reason) = &m.failure_reason {
-            break Err(Error::failed(format!("migration {id} failed: {reason}")));
-        }
-        let planned = match task {
-            Task::Backfill => m.backfill_planned_at.is_some(),
-            Task::Cleanup => m.cleanup_planned_at.is_some(),
-            Task::Revert => m.revert_planned_at.is_some(),
-            Task::Verify => true,
-        };
         if planned && totals.partitions >= 0 && totals.done == totals.partitions {
             break Ok(totals);
         }
