@@ -783,6 +783,32 @@ fn describe(
             path.to_owned(),
             format!("{found} is not allowed; it must match {pattern}"),
         ),
+        K::OneOfNotValid { context } | K::AnyOf { context }
+            if error.instance().is_object()
+                && path.contains('.')
+                && !path.starts_with("source") =>
+        {
+            // A short form or a long one (`advance`, `soak`): given a map, the long form's
+            // own problem is the one to name (the unknown key, the missing `to`, the phase).
+            let here = error.instance_path().to_string();
+            let long_form = context
+                .iter()
+                .filter(|branch| {
+                    !branch.iter().any(|e| {
+                        e.instance_path().to_string() == here
+                            && matches!(e.kind(), K::Type { .. } | K::Enum { .. })
+                    })
+                })
+                .flatten()
+                .next();
+            match long_form {
+                Some(inner) => {
+                    let inner_path = pointer_to_path(&inner.instance_path().to_string());
+                    describe(inner, &inner_path, json)
+                }
+                None => oneof_message(path, at(&here)),
+            }
+        }
         K::OneOfNotValid { .. } | K::OneOfMultipleValid { .. } | K::AnyOf { .. } => {
             if let Some(allowed) = branch_enums(&error.schema_path().to_string()) {
                 return (
