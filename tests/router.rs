@@ -914,3 +914,77 @@ async fn a_router_lapsing_behind_the_copy_back_sends_it_round_again() {
     lapsing.shutdown().await;
     router.shutdown().await;
 }
+
+/// A router that shuts down refuses new operations, lets the ones in flight finish, and only
+/// then removes its registration: a barrier stops waiting for a router that is gone, so none of
+/// its writes may land after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_shutting_down_drains_its_operations_before_it_deregisters() {
+    let w = Arc::new(world().await);
+    let oid = w.moving_id("drain");
+    w.seed(HOT, &oid, 1).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (hook, fired) = {
+        let release = release.clone();
+        before_once("update_live", Side::Source, None, move || {
+            let release = release.clone();
+            async move { release.notified().await }.boxed()
+        })
+    };
+    let mut cfg = config("draining-api");
+    cfg.step_hook = Some(hook);
+    let router = Arc::new(w.router(cfg).await);
+    let registered = |w: Arc<World>| async move {
+        w.store
+            .routers(Some("orders"))
+            .await
+            .unwrap()
+            .iter()
+            .any(|r| r.name == "draining-api")
+    };
+
+    let op = {
+        let (router, oid) = (router.clone(), oid.clone());
+        tokio::spawn(async move {
+            router
+                .update(HOT, &oid, doc! { "$set": { "total": 2 } })
+                .await
+        })
+    };
+    while !fired.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shutdown = {
+        let router = router.clone();
+        tokio::spawn(async move { router.shutdown().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = {
+        let (router, oid) = (router.clone(), oid.clone());
+        tokio::spawn(async move { router.get(HOT, &oid).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        registered(w.clone()).await,
+        "deregistered with an operation in flight"
+    );
+    assert!(!shutdown.is_finished());
+
+    release.notify_one();
+    assert!(
+        op.await.unwrap().unwrap(),
+        "the operation in flight completes"
+    );
+    tokio::time::timeout(Duration::from_secs(10), shutdown)
+        .await
+        .expect("the shutdown ends once drained")
+        .unwrap();
+    assert!(!registered(w.clone()).await, "still registered");
+    assert!(
+        matches!(late.await.unwrap(), Err(RouterError::ShutDown)),
+        "an operation after the shutdown began is refused"
+    );
+    let source = w.coll(&w.v1, HOT, &oid);
+    let doc = source.find_one(doc! { "_id": &oid }).await.unwrap();
+    assert_eq!(total(&doc), Some(2));
+}
