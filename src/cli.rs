@@ -279,6 +279,12 @@ pub enum RoutersCommand {
         #[arg(long)]
         collection: Option<String>,
     },
+    /// Remove the registration of a router that stopped without deregistering (crashed). Refused
+    /// while it may still be serving: until a fence margin after its lease ran out.
+    Forget {
+        /// The router's id (`reshard routers list`).
+        id: uuid::Uuid,
+    },
 }
 
 #[derive(Debug, Subcommand)]

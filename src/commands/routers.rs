@@ -6,11 +6,26 @@ use crate::error::Result;
 use crate::output;
 
 pub async fn run(ctx: &Ctx, cmd: RoutersCommand) -> Result<()> {
-    let RoutersCommand::List { collection } = cmd;
+    let collection = match cmd {
+        RoutersCommand::List { collection } => collection,
+        RoutersCommand::Forget { id } => {
+            let gone = ctx.store.forget_router(id).await?;
+            eprintln!(
+                "forgot router {} ({}, pid {}) of {}: its lease ran out at {}",
+                gone.name,
+                gone.host,
+                gone.pid,
+                gone.collection,
+                gone.lease_expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+            );
+            return Ok(());
+        }
+    };
     let routers = ctx.store.routers(collection.as_deref()).await?;
     output::emit(ctx.output, &routers, || {
         output::table(
             &[
+                "id",
                 "collection",
                 "name",
                 "host",
@@ -25,6 +40,7 @@ pub async fn run(ctx: &Ctx, cmd: RoutersCommand) -> Result<()> {
             routers.iter().map(|r| {
                 let all = &r.stats["all"];
                 [
+                    r.id.to_string(),
                     r.collection.clone(),
                     r.name.clone(),
                     r.host.clone(),

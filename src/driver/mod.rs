@@ -215,7 +215,21 @@ impl Driver {
         let mut last_report: Option<Instant> = None;
         let mut waited_for = std::collections::BTreeSet::new();
         loop {
-            let behind = self.store.routers_behind(migration).await?;
+            // Through a state-store outage the barrier waits (routers serve meanwhile).
+            let behind = match self.store.routers_behind(migration).await {
+                Ok(behind) => behind,
+                Err(e) if e.is_unavailable() && started.elapsed() < timeout => {
+                    if last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+                        self.progress.note(&format!(
+                            "the state store is unreachable ({e}); waiting for it"
+                        ));
+                        last_report = Some(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let (counted_out, missing): (Vec<_>, Vec<_>) =
                 behind.into_iter().partition(|r| r.counted_out);
             if missing.is_empty() {

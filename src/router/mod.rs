@@ -17,6 +17,14 @@
 //! lease lapsed loads the current phase again before it serves: it renews, then loads, then
 //! serves.
 //!
+//! The data path does not touch the state store: operations run on the phase the router
+//! loaded last, and the lease is long (ten minutes by default) while heartbeats are frequent,
+//! so an application keeps reading and writing through a PostgreSQL outage shorter than the
+//! lease; phase changes wait meanwhile (the driver counts a router that stopped heartbeating
+//! out only after its lease). The price is that a router that crashes without deregistering
+//! holds up phase changes until its lease has run out (ARCHITECTURE.md, "The data path
+//! outlives the state store").
+//!
 //! Every operation runs one of the pure [`crate::protocol`] machines against the shards; this
 //! module only turns their steps into MongoDB commands.
 //!
@@ -73,12 +81,15 @@ use stats::OperationStats;
 pub struct RouterConfig {
     /// Shown to operators in `reshard routers list`.
     pub name: String,
-    /// How long a heartbeat keeps the router's lease.
+    /// How long a heartbeat keeps the router's lease: how long it serves without reaching the
+    /// state store (its self-fence deadline), and how long a router that stopped heartbeating
+    /// (crashed, partitioned) holds up phase changes before the driver counts it out. Default
+    /// ten minutes: longer than a PostgreSQL failover or restart.
     pub lease_ttl: Duration,
     /// How long before its lease runs out the router stops sending commands, and how long
     /// after it the driver waits before counting a silent router out: it covers the time a
     /// command takes to reach a server and the drift between the two clocks. `None`: a tenth
-    /// of `lease_ttl`. Below half of `lease_ttl`.
+    /// of `lease_ttl`, at most 30 s. Below half of `lease_ttl`.
     pub fence_margin: Option<Duration>,
     /// How often the router heartbeats (and polls, in case a `NOTIFY` was missed).
     pub heartbeat_interval: Duration,
@@ -112,13 +123,14 @@ pub struct StepEvent {
 impl RouterConfig {
     /// The fence margin in force ([`RouterConfig::fence_margin`]).
     pub fn fence_margin(&self) -> Duration {
-        self.fence_margin.unwrap_or(self.lease_ttl / 10)
+        self.fence_margin
+            .unwrap_or((self.lease_ttl / 10).min(Duration::from_secs(30)))
     }
 
     pub fn named(name: impl Into<String>) -> Self {
         RouterConfig {
             name: name.into(),
-            lease_ttl: Duration::from_secs(10),
+            lease_ttl: Duration::from_secs(600),
             fence_margin: None,
             heartbeat_interval: Duration::from_secs(2),
             hold_timeout: Duration::from_secs(5),

@@ -69,6 +69,31 @@ impl From<StoreError> for Error {
     }
 }
 
+impl StoreError {
+    /// Whether the state store could not be reached or is going through a restart or
+    /// failover (connections refused or dropped, the pool timed out, the server shutting down
+    /// or starting up): a wait and a retry may succeed.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Unreachable { .. } => true,
+            StoreError::Sql(e) => match e {
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                // Class 57: operator intervention (admin shutdown, cannot connect now); 08:
+                // connection exceptions.
+                sqlx::Error::Database(db) => db
+                    .code()
+                    .is_some_and(|c| c.starts_with("57") || c.starts_with("08")),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// A connection pool to the state store, and the (redacted) URL it came from.

@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::migrations::Migration;
-use super::{Store, StoreResult};
+use super::{Store, StoreError, StoreResult};
 
 /// A router that has not acknowledged a migration's current epoch.
 #[derive(Clone, Debug, Serialize)]
@@ -246,6 +246,67 @@ impl Store {
             .execute(self.pool())
             .await?;
         Ok(())
+    }
+
+    /// Removes the registration of a router that stopped without deregistering. Refused while
+    /// it may still be serving (until a fence margin after its lease ran out: it may only be
+    /// cut off from the state store, and then it serves on), and while a migration of its
+    /// collection is rolling back (its lapse may outdate the copy back, which its row records).
+    pub async fn forget_router(&self, id: uuid::Uuid) -> StoreResult<RouterRow> {
+        let mut tx = self.pool().begin().await?;
+        let row: Option<RouterRow> = sqlx::query_as(
+            "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
+                    lease_expires_at, lease_expires_at > now() AS live,
+                    extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs, stats
+             FROM routers WHERE id = $1 FOR UPDATE",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Err(StoreError::NotFound(format!(
+                "no router {id} is registered (`reshard routers list`)"
+            )));
+        };
+        // A statement of its own, after the lock: the clock of now.
+        let serving_until: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT lease_expires_at + fence_margin FROM routers
+             WHERE id = $1 AND lease_expires_at + fence_margin > clock_timestamp()",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(until) = serving_until {
+            return Err(StoreError::Conflict(format!(
+                "router {} ({}, pid {}) may still be serving until {} (its lease plus its fence \
+                 margin): it may only be cut off from the state store. It is counted out then \
+                 without being forgotten; forget it after that",
+                row.name,
+                row.host,
+                row.pid,
+                until.format("%Y-%m-%d %H:%M:%S UTC")
+            )));
+        }
+        let rolling_back: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM migrations WHERE collection = $1
+             AND phase IN ('reverting', 'revert_switch')",
+        )
+        .bind(&row.collection)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(m) = rolling_back {
+            return Err(StoreError::Conflict(format!(
+                "migration {m} of {} is rolling back, and this router's lapse decides whether \
+                 its copy back must run again; forget the router once the rollback has ended",
+                row.collection
+            )));
+        }
+        sqlx::query("DELETE FROM routers WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(row)
     }
 
     /// Routers of the migration's collection that still count and have not acknowledged its

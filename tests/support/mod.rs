@@ -19,6 +19,8 @@
 mod common;
 pub use common::*;
 mod pg_common;
+pub mod private_pg;
+pub use private_pg::PrivatePg;
 
 #[cfg(not(feature = "containers"))]
 mod mongo_local;
