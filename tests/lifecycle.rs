@@ -15,9 +15,9 @@ use mongodb::Database;
 use reshard::backfill::{Worker, WorkerConfig};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::store::partitions::{PartitionState, Task};
-use support::{heavy_tests_enabled, PgDb, World};
+use support::{heavy_tests_enabled, StateDb, World};
 
-fn reshard(db: &PgDb, args: &[&str]) -> Output {
+fn reshard(db: &StateDb, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_reshard"))
         .env("RESHARD_DATABASE_URL", db.url())
         .env_remove("DATABASE_URL")
@@ -26,7 +26,7 @@ fn reshard(db: &PgDb, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn ok(db: &PgDb, args: &[&str]) -> String {
+fn ok(db: &StateDb, args: &[&str]) -> String {
     let out = reshard(db, args);
     assert!(
         out.status.success(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use mongodb::bson::{doc, Document};
 use reshard::routing::KeyValue;
 use reshard::store::partitions::Task;
-use support::{heavy_tests_enabled, PgDb, World};
+use support::{heavy_tests_enabled, StateDb, World};
 
 fn example_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -19,7 +19,7 @@ fn example_binary() -> PathBuf {
     dir.join("examples").join("orders_app")
 }
 
-fn reshard(db: &PgDb, args: &[&str]) -> std::process::Output {
+fn reshard(db: &StateDb, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_reshard"))
         .env("RESHARD_DATABASE_URL", db.url())
         .args(args)

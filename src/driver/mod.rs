@@ -142,7 +142,9 @@ impl Driver {
     /// Moves migration `id` to `to`, with everything around the move (see the module docs).
     /// The write switch makes two moves, or goes back when a router does not answer in time.
     pub async fn advance(&self, id: i64, to: Phase, options: &MoveOptions) -> Result<()> {
-        let current = self.store.migration(id).await?;
+        // A move asked for while the state store is down waits for it (up to the timeout):
+        // routers serve on meanwhile, and nothing moves without the store.
+        let current = self.migration_when_reachable(id, options.timeout).await?;
         // A driver that stopped inside a write switch left it there (routers hold writes):
         // finish the switch, forward or back, before anything else.
         if matches!(current.phase(), Phase::WriteSwitch | Phase::RevertSwitch) && !options.dry_run {
@@ -189,6 +191,26 @@ impl Driver {
             self.finish(&reached, options.timeout).await?;
         }
         Ok(())
+    }
+
+    /// Migration `id`, waiting through a state-store outage for up to `timeout`.
+    async fn migration_when_reachable(&self, id: i64, timeout: Duration) -> Result<Migration> {
+        let started = Instant::now();
+        let mut last_report: Option<Instant> = None;
+        loop {
+            match self.store.migration(id).await {
+                Err(e) if e.is_unavailable() && started.elapsed() < timeout => {
+                    if last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
+                        self.progress.note(&format!(
+                            "the state store is unreachable ({e}); the move waits for it"
+                        ));
+                        last_report = Some(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                other => return Ok(other?),
+            }
+        }
     }
 
     /// Rolls migration `id` back from where it is: the moves of [`phase::rollback_path`].

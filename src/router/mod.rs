@@ -70,7 +70,11 @@ use crate::protocol::{Operation, Outcome, ProtocolError};
 use crate::routing::{KeyValue, RoutingError, RoutingVersion};
 use crate::shards::Shards;
 use crate::store::routers::{Heartbeat, Registration, Renewal};
-use crate::store::{Store, StoreError, CHANNEL};
+use crate::store::{within, Store, StoreError, CHANNEL};
+
+/// How long a heartbeat or a load may wait for the state store before it is given up (and
+/// tried again at the next interval): a server cut off by the network answers nothing.
+const STORE_CALL_LIMIT: Duration = Duration::from_secs(15);
 
 pub use exec::is_duplicate_key;
 pub use list::Page;
@@ -635,19 +639,20 @@ impl Inner {
             acked_epoch: migration_id.map(|_| epoch),
             stats: &stats,
         };
-        let renewal = match self
-            .store
-            .router_heartbeat(
+        let renewal = match within(
+            STORE_CALL_LIMIT,
+            self.store.router_heartbeat(
                 self.id,
                 self.config.lease_ttl,
                 self.config.fence_margin(),
                 &beat,
-            )
-            .await
+            ),
+        )
+        .await
         {
-            Ok(Renewal::Gone) => match self
-                .store
-                .register_router(&Registration {
+            Ok(Renewal::Gone) => match within(
+                STORE_CALL_LIMIT,
+                self.store.register_router(&Registration {
                     id: self.id,
                     collection: &self.collection,
                     name: &self.config.name,
@@ -655,8 +660,9 @@ impl Inner {
                     pid: std::process::id() as i32,
                     ttl: self.config.lease_ttl,
                     fence_margin: self.config.fence_margin(),
-                })
-                .await
+                }),
+            )
+            .await
             {
                 // A new registration is a lapse: the driver did not wait for this router.
                 Ok(()) => Renewal::Lapsed,
@@ -714,7 +720,12 @@ impl Inner {
             None
         };
         // Polls are frequent: read the migration row alone, and the versions only on a change.
-        let active = match self.store.followed_migration(&self.collection).await {
+        let active = match within(
+            STORE_CALL_LIMIT,
+            self.store.followed_migration(&self.collection),
+        )
+        .await
+        {
             Ok(m) => m,
             Err(e) => return warn(e),
         };
@@ -723,7 +734,12 @@ impl Inner {
         if key == (current.migration_id, current.epoch) {
             return Some(false);
         }
-        let fresh = match Snapshot::load(&self.store, &self.collection).await {
+        let fresh = match within(
+            STORE_CALL_LIMIT,
+            Snapshot::load(&self.store, &self.collection),
+        )
+        .await
+        {
             Ok(s) => s,
             Err(e) => return warn(e),
         };
@@ -784,9 +800,15 @@ async fn heartbeats(inner: Arc<Inner>) {
 }
 
 async fn listen(inner: &Inner) -> Option<sqlx::postgres::PgListener> {
-    let mut listener = sqlx::postgres::PgListener::connect_with(inner.store.pool())
+    let subscribe = async {
+        let mut listener = sqlx::postgres::PgListener::connect_with(inner.store.pool())
+            .await
+            .ok()?;
+        listener.listen(CHANNEL).await.ok()?;
+        Some(listener)
+    };
+    tokio::time::timeout(STORE_CALL_LIMIT, subscribe)
         .await
-        .ok()?;
-    listener.listen(CHANNEL).await.ok()?;
-    Some(listener)
+        .ok()
+        .flatten()
 }

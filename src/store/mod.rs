@@ -51,6 +51,8 @@ pub enum StoreError {
     Lost(String),
     #[error("state store query failed: {0}")]
     Sql(#[from] sqlx::Error),
+    #[error("the state store did not answer within {0:?}")]
+    TimedOut(std::time::Duration),
 }
 
 impl From<StoreError> for Error {
@@ -62,9 +64,10 @@ impl From<StoreError> for Error {
             | StoreError::NotFound(_)
             | StoreError::Conflict(_)
             | StoreError::Move(_) => Error::BadInput(err.to_string()),
-            StoreError::GateClosed { .. } | StoreError::Lost(_) | StoreError::Sql(_) => {
-                Error::Failed(anyhow::Error::new(err))
-            }
+            StoreError::GateClosed { .. }
+            | StoreError::Lost(_)
+            | StoreError::Sql(_)
+            | StoreError::TimedOut(_) => Error::Failed(anyhow::Error::new(err)),
         }
     }
 }
@@ -75,7 +78,7 @@ impl StoreError {
     /// or starting up): a wait and a retry may succeed.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::Unreachable { .. } => true,
+            StoreError::Unreachable { .. } | StoreError::TimedOut(_) => true,
             StoreError::Sql(e) => match e {
                 sqlx::Error::Io(_)
                 | sqlx::Error::Tls(_)
@@ -95,6 +98,17 @@ impl StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// `call`, or [`StoreError::TimedOut`] when it has not answered within `limit`: a server
+/// that is cut off (not refusing, silent) would otherwise hold a query until TCP gives up.
+pub async fn within<T>(
+    limit: std::time::Duration,
+    call: impl std::future::Future<Output = StoreResult<T>>,
+) -> StoreResult<T> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or(Err(StoreError::TimedOut(limit)))
+}
 
 /// A connection pool to the state store, and the (redacted) URL it came from.
 #[derive(Clone, Debug)]

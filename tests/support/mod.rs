@@ -39,7 +39,7 @@ pub use containers::*;
 mod shards;
 pub use shards::*;
 mod world;
-pub use world::World;
+pub use world::{StateDb, World};
 
 /// An `assert_cmd::Command` for the `reshard` binary with `RESHARD_DATABASE_URL` pointing
 /// at `pg` and `RESHARD_LOG` removed from the environment.

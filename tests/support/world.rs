@@ -1,6 +1,8 @@
 //! A prepared migration world for router-level tests: a fresh state store with shards s1..s4
 //! (databases on one real server), orders versions 1 and 2 from `tests/fixtures/versions`, and
-//! a planned migration from 1 to 2.
+//! a planned migration from 1 to 2. The state store is a fresh database on the shared server
+//! ([`World::start`]) or a PostgreSQL cluster of the test's own that it may stop and kill
+//! ([`World::start_private`]).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,10 +15,42 @@ use reshard::router::Router;
 use reshard::routing::RoutingVersion;
 use reshard::store::Store;
 
-use super::{MongoServer, PgDb};
+use super::{MongoServer, PgDb, PrivatePg};
+
+/// Where a [`World`] keeps its state.
+pub enum StateDb {
+    /// A fresh database on the shared server.
+    Shared(PgDb),
+    /// A cluster of the test's own.
+    Private(std::sync::Arc<PrivatePg>),
+}
+
+impl StateDb {
+    pub fn url(&self) -> String {
+        match self {
+            StateDb::Shared(db) => db.url(),
+            StateDb::Private(pg) => pg.url(),
+        }
+    }
+
+    pub async fn pool(&self) -> sqlx::PgPool {
+        match self {
+            StateDb::Shared(db) => db.pool().await,
+            StateDb::Private(pg) => pg.new_pool().await,
+        }
+    }
+
+    /// The private cluster; panics for the shared one.
+    pub fn private(&self) -> &std::sync::Arc<PrivatePg> {
+        match self {
+            StateDb::Private(pg) => pg,
+            StateDb::Shared(_) => panic!("this world's state store is the shared server"),
+        }
+    }
+}
 
 pub struct World {
-    pub db: PgDb,
+    pub db: StateDb,
     pub server: MongoServer,
     pub store: Store,
     pub migration: i64,
@@ -27,7 +61,18 @@ pub struct World {
 
 impl World {
     pub async fn start() -> World {
-        let db = PgDb::fresh().await;
+        Self::start_on(StateDb::Shared(PgDb::fresh().await)).await
+    }
+
+    /// A world whose state store is a PostgreSQL cluster of its own.
+    pub async fn start_private() -> World {
+        Self::start_on(StateDb::Private(std::sync::Arc::new(
+            PrivatePg::start().await,
+        )))
+        .await
+    }
+
+    async fn start_on(db: StateDb) -> World {
         let server = MongoServer::start().await;
         let store = Store::connect_unchecked(&db.url()).await.unwrap();
         store.migrate().await.unwrap();
