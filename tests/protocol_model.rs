@@ -811,8 +811,9 @@ enum Act {
     /// The driver seals `rolled_back` (a new epoch, the same phase).
     Seal,
     Ack(usize),
-    /// The router's lease runs out (it could not reach the state store): the driver may count
-    /// it out; an operation in flight stops before its next step.
+    /// A silent router's lease runs out (it could not reach the state store; until now it
+    /// served its old phase and the driver waited for it): the driver may count it out; an
+    /// operation in flight stops before its next step.
     Expire(usize),
     /// The router reaches the state store again: it renews, loads the current phase, serves.
     /// A router whose registration was forgotten registers again instead, which is a lapse
