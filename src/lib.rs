@@ -18,6 +18,7 @@ pub mod identity;
 pub mod ids;
 pub mod ledger;
 mod logging;
+pub mod names;
 pub mod output;
 pub mod phase;
 pub mod prepare;

@@ -25,7 +25,7 @@ pub struct Prepared {
 pub const TENANT_INDEX: &str = "reshard_tenant_id";
 
 #[derive(Debug, thiserror::Error)]
-#[error("preparing {location} failed: {source}")]
+#[error("preparing {location} failed: {}", crate::shards::describe(source))]
 pub struct PrepareError {
     pub location: Location,
     #[source]

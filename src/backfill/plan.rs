@@ -70,7 +70,7 @@ pub struct LocationPlan {
 pub enum PlanError {
     #[error("source shard {0:?} has no connection")]
     UnknownShard(String),
-    #[error("reading {location} failed: {source}")]
+    #[error("reading {location} failed: {}", crate::shards::describe(source))]
     Read {
         location: Location,
         #[source]

@@ -23,8 +23,14 @@ pub async fn run(ctx: &Ctx, cmd: ShardCommand) -> Result<()> {
                     "shard name {name:?} is not allowed: use 1 to 64 letters, digits, '_', '-' or '.'"
                 )));
             }
-            if database.is_empty() {
-                return Err(Error::bad_input("--database must not be empty"));
+            if let Err(rule) = crate::names::database(&database) {
+                return Err(Error::bad_input(format!("--database: {rule}")));
+            }
+            if let Err(why) = crate::names::uri_options(&uri) {
+                return Err(Error::bad_input(format!(
+                    "--uri {}: {why}",
+                    crate::redact::redact_uri(&uri)
+                )));
             }
             if no_check {
                 mongo::client(&uri)

@@ -27,6 +27,26 @@ pub async fn run(ctx: &Ctx, cmd: VersionCommand) -> Result<()> {
             };
             spec::check_version_spec(&shown, &text, &version, &validation)
                 .map_err(|errors| spec_errors(&errors))?;
+            // MongoDB limits a namespace (database and collection) as a whole: check each
+            // collection of the version with its shard's database.
+            let databases: std::collections::BTreeMap<String, String> = ctx
+                .store
+                .shards()
+                .await?
+                .into_iter()
+                .map(|s| (s.name, s.database))
+                .collect();
+            for shard in version.shards() {
+                let name = version
+                    .collections
+                    .get(&shard)
+                    .unwrap_or(&version.collection);
+                if let Some(database) = databases.get(&shard) {
+                    crate::names::collection(name, Some(database)).map_err(|rule| {
+                        Error::bad_input(format!("{shown}: shard {shard}: {rule}"))
+                    })?;
+                }
+            }
             if dry_run {
                 return output::emit(ctx.output, &version, || {
                     println!("{shown} is valid (dry run: nothing stored)");

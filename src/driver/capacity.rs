@@ -56,7 +56,8 @@ pub async fn plan(driver: &Driver, pb: &Playbook) -> Result<Report> {
             .map_err(|e| Error::bad_input(e.to_string()))?;
         let failed = |e: mongodb::error::Error| {
             Error::failed(crate::redact::redact_uri(&format!(
-                "reading {location}: {e}"
+                "reading {location}: {}",
+                crate::shards::describe(&e)
             )))
         };
         let documents = coll.estimated_document_count().await.map_err(failed)?;

@@ -189,7 +189,7 @@ pub enum RouterError {
     Protocol(#[from] ProtocolError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("MongoDB: {0}")]
+    #[error("MongoDB: {}", crate::shards::describe(.0))]
     Mongo(#[from] mongodb::error::Error),
 }
 

@@ -70,9 +70,21 @@ impl Problems {
         self.add(path, format!("unknown shard {shard:?}; {registered}"));
     }
 
-    fn bucket_count(&mut self, path: String, buckets: u32) {
+    /// A bucket count is at least 1 and at most `V`: a tenant's sub-buckets hash onto vbuckets,
+    /// so it never spreads over more than `V` of them, and buckets beyond `V` only collide
+    /// (they would cost a larger scan and fan-out for nothing).
+    fn bucket_count(&mut self, path: String, buckets: u32, virtual_buckets: u32) {
         if buckets == 0 {
             self.add(path, "bucket count must be at least 1");
+        } else if virtual_buckets > 0 && buckets > virtual_buckets {
+            self.add(
+                path,
+                format!(
+                    "{buckets} buckets exceed virtual_buckets ({virtual_buckets}): a tenant \
+                     spreads over at most {virtual_buckets} distinct vbuckets, so buckets beyond \
+                     that only collide; use at most {virtual_buckets}"
+                ),
+            );
         }
     }
 
@@ -103,8 +115,8 @@ impl RoutingVersion {
     /// Checks the version against itself and its context, reporting every problem.
     pub fn validate(&self, ctx: &ValidationContext<'_>) -> Result<(), Vec<ValidationError>> {
         let mut problems = Problems(Vec::new());
-        if self.collection.is_empty() {
-            problems.add("collection", "collection name must not be empty");
+        if let Err(rule) = crate::names::collection(&self.collection, None) {
+            problems.add("collection", rule);
         }
         problems.field_name("tenant_key", &self.tenant_key);
         problems.field_name("id_field", &self.id_field);
@@ -132,10 +144,13 @@ impl RoutingVersion {
                         );
                     }
                 }
-                problems.bucket_count("default_buckets".into(), *default_buckets);
+                problems.bucket_count("default_buckets".into(), *default_buckets, virtual_buckets);
                 for (index, entry) in tenant_buckets.iter().enumerate() {
-                    problems
-                        .bucket_count(format!("tenant_buckets[{index}].buckets"), entry.buckets);
+                    problems.bucket_count(
+                        format!("tenant_buckets[{index}].buckets"),
+                        entry.buckets,
+                        virtual_buckets,
+                    );
                 }
                 problems.unique_tenants(
                     "tenant_buckets",
@@ -201,11 +216,8 @@ impl RoutingVersion {
                     ),
                 );
             }
-            if collection.is_empty() {
-                problems.add(
-                    format!("collections.{shard}"),
-                    "collection name must not be empty",
-                );
+            if let Err(rule) = crate::names::collection(collection, None) {
+                problems.add(format!("collections.{shard}"), rule);
             }
         }
 
@@ -446,7 +458,7 @@ mod tests {
             vec![
                 "id_field: field name must not be empty",
                 "routing_field: routing_field \"customerId\" must differ from tenant_key and id_field",
-                "collections.s1: collection name must not be empty",
+                "collections.s1: a MongoDB collection name must not be empty",
                 "collections.s2: shard \"s2\" is not used by this version (it uses s1)",
             ]
         );

@@ -35,7 +35,7 @@ pub enum CommandError {
     /// The server refused a statement (a write error) or could not confirm its write concern.
     #[error("{}", .0.describe())]
     Write(Box<WriteFailure>),
-    #[error(transparent)]
+    #[error("{}", super::describe(.0))]
     Mongo(#[from] mongodb::error::Error),
 }
 

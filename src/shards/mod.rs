@@ -153,7 +153,7 @@ pub fn resolve_uri(uri: &str) -> Result<String, ShardConnectError> {
 async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectError> {
     let bad = |e: mongodb::error::Error| ShardConnectError::BadUri {
         uri: Redacted::new(uri),
-        reason: redact_uri(&e.to_string()),
+        reason: describe(&e),
     };
     let resolved = resolve_uri(uri)?;
     let mut options = ClientOptions::parse(&resolved).await.map_err(bad)?;
@@ -170,6 +170,76 @@ async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectErr
     Client::with_options(options).map_err(bad)
 }
 
+/// A driver error as one line an operator can read: what failed, the server's code and
+/// message where there is one, never a password. The driver's own rendering (`Kind: ...,
+/// labels: {}, source: None, server response: None`) is for debug logs.
+pub fn describe(e: &mongodb::error::Error) -> String {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    let code_name = |name: &str| {
+        if name.is_empty() {
+            String::new()
+        } else {
+            format!(" {name}")
+        }
+    };
+    let text = match &*e.kind {
+        ErrorKind::InvalidArgument { message, .. } => format!("invalid argument: {message}"),
+        ErrorKind::Authentication { message, .. } => format!("authentication failed: {message}"),
+        ErrorKind::Command(c) => format!(
+            "the server refused the command: {} (code {}{})",
+            c.message,
+            c.code,
+            code_name(&c.code_name)
+        ),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => format!(
+            "the server refused the write: {} (code {}{})",
+            w.message,
+            w.code,
+            code_name(w.code_name.as_deref().unwrap_or_default())
+        ),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => format!(
+            "the write concern was not satisfied: {} (code {}{})",
+            w.message,
+            w.code,
+            code_name(&w.code_name)
+        ),
+        ErrorKind::InsertMany(i) => {
+            let errors = i.write_errors.as_deref().unwrap_or_default();
+            match errors.first() {
+                Some(first) => format!(
+                    "the server refused {} of the documents, first: {} (code {}{})",
+                    errors.len(),
+                    first.message,
+                    first.code,
+                    code_name(first.code_name.as_deref().unwrap_or_default())
+                ),
+                None => match &i.write_concern_error {
+                    Some(w) => format!(
+                        "the write concern was not satisfied: {} (code {})",
+                        w.message, w.code
+                    ),
+                    None => e.kind.to_string(),
+                },
+            }
+        }
+        ErrorKind::Io(io) => format!("network error: {io}"),
+        ErrorKind::ServerSelection { message, .. } => {
+            format!("no server could be selected in time: {message}")
+        }
+        ErrorKind::DnsResolve { message, .. } => format!("DNS resolution failed: {message}"),
+        ErrorKind::ConnectionPoolCleared { message, .. } => {
+            format!("the connection pool was cleared: {message}")
+        }
+        ErrorKind::InvalidTlsConfig { message, .. } => {
+            format!("invalid TLS configuration: {message}")
+        }
+        ErrorKind::IncompatibleServer { message, .. } => format!("incompatible server: {message}"),
+        other => other.to_string(),
+    };
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    redact_uri(&one_line)
+}
+
 /// Checks that the shard answers on its database.
 pub async fn ping(uri: &str, database: &str) -> Result<(), ShardConnectError> {
     let client = client(uri).await?;
@@ -181,13 +251,30 @@ pub async fn ping(uri: &str, database: &str) -> Result<(), ShardConnectError> {
         .map_err(|e| ShardConnectError::NoAnswer {
             uri: Redacted::new(uri),
             database: database.to_owned(),
-            reason: redact_uri(&e.to_string()),
+            reason: describe(&e),
         })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_driver_error_reads_as_one_sentence_without_the_password() {
+        let e = ClientOptions::parse("mongodb://app:s3cret@127.0.0.1:notaport")
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("Kind:"),
+            "the driver's own dump: {e}"
+        );
+        let line = describe(&e);
+        assert!(line.starts_with("invalid argument: "), "{line}");
+        assert!(line.contains("notaport"), "{line}");
+        for noise in ["Kind:", "labels", "source: None", "\n", "s3cret"] {
+            assert!(!line.contains(noise), "{noise:?} in {line}");
+        }
+    }
 
     #[test]
     fn variables_in_a_uri_come_from_the_environment() {

@@ -14,7 +14,7 @@ use crate::routing::Location;
 /// A read that failed, and where.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("reading {location} failed: {source}")]
+    #[error("reading {location} failed: {}", super::describe(source))]
     Mongo {
         location: Location,
         #[source]

@@ -109,6 +109,7 @@ pub struct ShardDoc {
     /// `mongodb://...` or `mongodb+srv://...`, or `${ENV_VAR}` holding one.
     #[schemars(length(min = 1))]
     pub uri: String,
+    /// MongoDB's rules: under 64 bytes, none of `/ \\ . " $ * < > : | ?`, a space or NUL.
     #[schemars(length(min = 1, max = 63))]
     pub database: String,
 }
@@ -1041,16 +1042,20 @@ fn workers(doc: &WorkersDoc, path: &str, problems: &mut Problems) -> Workers {
 /// What is wrong with a shard's URI: it must be a MongoDB connection string
 /// (`mongodb://`, `mongodb+srv://`) or name one by `${ENV_VAR}`.
 fn uri_problem(uri: &str) -> Option<String> {
+    // Shown without its password, should the file hold one.
+    let shown = crate::redact::redact_uri(uri);
     let mut rest = uri;
     while let Some(at) = rest.find("${") {
         let after = &rest[at + 2..];
         let Some(end) = after.find('}') else {
-            return Some(format!("{uri:?}: `${{` is not closed; write ${{ENV_VAR}}"));
+            return Some(format!(
+                "{shown:?}: `${{` is not closed; write ${{ENV_VAR}}"
+            ));
         };
         let name = &after[..end];
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Some(format!(
-                "{uri:?}: {name:?} is not an environment variable name (letters, digits, _)"
+                "{shown:?}: {name:?} is not an environment variable name (letters, digits, _)"
             ));
         }
         rest = &after[end + 1..];
@@ -1061,7 +1066,7 @@ fn uri_problem(uri: &str) -> Option<String> {
         return None;
     }
     Some(format!(
-        "{uri:?} is not a MongoDB URI; expected mongodb://..., mongodb+srv://... or ${{ENV_VAR}}"
+        "{shown:?} is not a MongoDB URI; expected mongodb://..., mongodb+srv://... or ${{ENV_VAR}}"
     ))
 }
 
@@ -1094,6 +1099,11 @@ fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
     for (i, shard) in doc.shards.iter().enumerate() {
         if let Some(why) = uri_problem(&shard.uri) {
             problems.add(format!("shards[{i}].uri"), why);
+        } else if let Err(why) = crate::names::uri_options(&shard.uri) {
+            problems.add(format!("shards[{i}].uri"), why);
+        }
+        if let Err(rule) = crate::names::database(&shard.database) {
+            problems.add(format!("shards[{i}].database"), rule);
         }
     }
     // The layouts themselves (placement covers every vbucket once, shards are declared, V
