@@ -38,8 +38,8 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Who is acting, for the event log (default: $USER@hostname).
-    #[arg(long, global = true)]
+    /// Who is acting, for the event log (default: the operating system's user @ hostname).
+    #[arg(long, global = true, env = "RESHARD_ACTOR")]
     pub actor: Option<String>,
 
     #[command(subcommand)]
@@ -78,7 +78,8 @@ pub enum Command {
     /// Routers embedded in applications.
     #[command(subcommand)]
     Routers(RoutersCommand),
-    /// Run backfill work: claim partitions under leases and copy them. Run any number, anywhere.
+    /// Run a migration's work (backfill, cleanup waves, the copy back of a rollback): claim
+    /// partitions under leases and process them. Run any number, anywhere.
     Worker(WorkerArgs),
     /// A migration's throttle: rate, batch size, in-flight bound (workers apply changes within 2 s).
     #[command(subcommand)]
@@ -201,7 +202,8 @@ pub struct WorkerArgs {
     /// Partitions worked on at once.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
-    /// Exit once the backfill is done instead of waiting for more work.
+    /// Exit once the migration's current task (backfill, cleanup or copy back) is done instead
+    /// of waiting for more work.
     #[arg(long)]
     pub exit_when_done: bool,
     /// Seconds a lease lasts without a heartbeat; another worker takes over after that.

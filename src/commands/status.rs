@@ -201,6 +201,15 @@ fn eta_text(eta: Option<f64>) -> String {
     }
 }
 
+/// A rate as shown: never negative (a rate computed over a window can come out as -0).
+fn not_negative(rate: f64) -> f64 {
+    if rate > 0.0 {
+        rate
+    } else {
+        0.0
+    }
+}
+
 fn humantime(d: Duration) -> String {
     let s = d.as_secs();
     match s {
@@ -244,7 +253,12 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
                     snap.totals.done, snap.totals.leased, snap.totals.partitions
                 )
             } else {
-                "not planned yet (a worker plans when the migration is in backfill)".into()
+                match v["phase"].as_str().unwrap_or("") {
+                    "planned" | "dual_read" | "write_switch" | "new_writes" | "backfill" => {
+                        "not planned yet (a worker plans when the migration is in backfill)".into()
+                    }
+                    _ => "none (no backfill was planned in this migration)".into(),
+                }
             },
         ),
         ("scanned", format!("{}{pct}", snap.totals.scanned)),
@@ -259,14 +273,14 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
             ),
         ),
         ("open dead letters", b["deadLettersOpen"].to_string()),
-        ("docs/s", format!("{:.0}", snap.docs_per_sec)),
+        ("docs/s", format!("{:.0}", not_negative(snap.docs_per_sec))),
         ("eta", eta_text(snap.eta)),
         (
             "rate (applied / configured)",
             format!(
-                "{:.0} / {} docs/s",
-                t["appliedDocsPerSec"].as_f64().unwrap_or(0.0),
-                t["configuredDocsPerSec"]
+                "{:.0} / {:.0} docs/s",
+                not_negative(t["appliedDocsPerSec"].as_f64().unwrap_or(0.0)),
+                t["configuredDocsPerSec"].as_f64().unwrap_or(0.0)
             ),
         ),
         (
@@ -395,7 +409,7 @@ async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
         overall.set_position(snap.totals.scanned as u64);
         overall.set_message(format!(
             "{:.0} docs/s, eta {}, {} dead, {}",
-            snap.docs_per_sec,
+            not_negative(snap.docs_per_sec),
             eta_text(snap.eta),
             snap.totals.dead_lettered,
             snap.value["state"].as_str().unwrap_or("")
