@@ -303,9 +303,23 @@ pub enum ShardCommand {
     Add {
         /// Shard name used by placements (letters, digits, '_', '-', '.').
         name: String,
-        /// MongoDB connection string (stored; shown only with the password redacted).
+        /// MongoDB connection string, stored as written: put a password in `${ENV_VAR}` or
+        /// `${file:PATH}`, resolved by each process when it connects.
+        #[arg(
+            long,
+            required_unless_present = "uri_file",
+            conflicts_with = "uri_file"
+        )]
+        uri: Option<String>,
+        /// A file holding the connection string: stored as `${file:PATH}` (absolute), read by
+        /// each process when it connects, so the URI and its password stay out of the state
+        /// store and off the command line.
+        #[arg(long, value_name = "PATH")]
+        uri_file: Option<std::path::PathBuf>,
+        /// Store a URI with a password in plain text anyway (it is kept in PostgreSQL as
+        /// written; output and logs still redact it).
         #[arg(long)]
-        uri: String,
+        allow_inline_password: bool,
         /// Database that holds the collections on this shard.
         #[arg(long)]
         database: String,

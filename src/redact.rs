@@ -37,6 +37,46 @@ pub fn redact_uri(text: &str) -> String {
     redact_password_params(&out)
 }
 
+/// Whether a connection string holds a password in plain text: a `user:password@` whose
+/// password is not only `${...}` references (resolved by each process when it connects), or a
+/// `password=` option.
+pub fn has_inline_password(uri: &str) -> bool {
+    let plain = |value: &str| {
+        let mut rest = value;
+        while let Some(at) = rest.find("${") {
+            if !rest[..at].is_empty() {
+                return true;
+            }
+            match rest[at..].find('}') {
+                Some(end) => rest = &rest[at + end + 1..],
+                None => return true,
+            }
+        }
+        !rest.is_empty()
+    };
+    let Some(pos) = uri.find("://") else {
+        return false;
+    };
+    let tail = &uri[pos + 3..];
+    let end = tail
+        .find(|c: char| c == '/' || c == '?' || c == '#')
+        .unwrap_or(tail.len());
+    let authority = &tail[..end];
+    if let Some(at) = authority.rfind('@') {
+        if let Some((_, password)) = authority[..at].split_once(':') {
+            if plain(password) {
+                return true;
+            }
+        }
+    }
+    uri.split_once('?').is_some_and(|(_, query)| {
+        query.split(['&', ';']).any(|pair| {
+            pair.split_once('=')
+                .is_some_and(|(k, v)| k.eq_ignore_ascii_case("password") && plain(v))
+        })
+    })
+}
+
 fn redact_password_params(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -94,6 +134,30 @@ impl fmt::Debug for Redacted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_in_plain_text_is_told_from_a_reference() {
+        for plain in [
+            "mongodb://app:hunter2@h:27017/db",
+            "mongodb://app:p@ss@h",
+            "mongodb://app:x${PW}@h",
+            "mongodb://app:${PW@h",
+            "mongodb://h/?authMechanism=PLAIN&password=hunter2",
+        ] {
+            assert!(has_inline_password(plain), "{plain}");
+        }
+        for safe in [
+            "mongodb://h:27017",
+            "mongodb://app@h/?authSource=admin",
+            "mongodb://app:${MONGO_PASSWORD}@h",
+            "mongodb://app:${file:/run/secrets/pw}@h",
+            "mongodb://${USER}:${PW}@h/?replicaSet=rs0",
+            "${RESHARD_S1_URI}",
+            "${file:/run/secrets/s1-uri}",
+        ] {
+            assert!(!has_inline_password(safe), "{safe}");
+        }
+    }
 
     #[test]
     fn passwords_are_replaced_and_everything_else_kept() {

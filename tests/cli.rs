@@ -124,6 +124,7 @@ async fn shards_are_added_listed_redacted_and_removed_only_when_unused() {
             "--database",
             "a",
             "--no-check",
+            "--allow-inline-password",
         ],
     );
     json(

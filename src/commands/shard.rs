@@ -10,9 +10,36 @@ pub async fn run(ctx: &Ctx, cmd: ShardCommand) -> Result<()> {
         ShardCommand::Add {
             name,
             uri,
+            uri_file,
+            allow_inline_password,
             database,
             no_check,
         } => {
+            let uri = match (uri, uri_file) {
+                (Some(uri), _) => uri,
+                (None, Some(path)) => {
+                    let path = std::path::absolute(&path).map_err(|e| {
+                        Error::bad_input(format!("--uri-file {}: {e}", path.display()))
+                    })?;
+                    if !path.is_file() {
+                        return Err(Error::bad_input(format!(
+                            "--uri-file {}: no such file",
+                            path.display()
+                        )));
+                    }
+                    format!("${{file:{}}}", path.display())
+                }
+                (None, None) => return Err(Error::bad_input("give --uri or --uri-file")),
+            };
+            if crate::redact::has_inline_password(&uri) && !allow_inline_password {
+                return Err(Error::bad_input(format!(
+                    "--uri {} holds a password in plain text, which would be stored in the state \
+                     store as written: put it in an environment variable (mongodb://user:\
+                     ${{MONGO_PASSWORD}}@host) or a file (--uri-file PATH, or ${{file:PATH}}), \
+                     resolved by each process when it connects; or pass --allow-inline-password",
+                    crate::redact::redact_uri(&uri)
+                )));
+            }
             if !name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))

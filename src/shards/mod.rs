@@ -114,8 +114,9 @@ pub async fn writer_client(uri: &str) -> Result<Client, ShardConnectError> {
 }
 
 /// A shard URI with every `${NAME}` replaced by the environment variable `NAME` of this
-/// process. URIs are stored as written, so a password given as `${MONGO_PASSWORD}` never
-/// reaches the state store; each process resolves it when it connects.
+/// process, and every `${file:PATH}` by the content of that file (without its final newline).
+/// URIs are stored as written, so a password given as `${MONGO_PASSWORD}` or kept in a file
+/// never reaches the state store; each process resolves it when it connects.
 pub fn resolve_uri(uri: &str) -> Result<String, ShardConnectError> {
     let mut out = String::with_capacity(uri.len());
     let mut rest = uri;
@@ -129,6 +130,20 @@ pub fn resolve_uri(uri: &str) -> Result<String, ShardConnectError> {
             });
         };
         let name = &after[..end];
+        if let Some(path) = name.strip_prefix("file:") {
+            // `${file:PATH}`: the file's content (a whole URI, or a password), read now.
+            match std::fs::read_to_string(path) {
+                Ok(text) => out.push_str(text.trim_end_matches(['\n', '\r'])),
+                Err(e) => {
+                    return Err(ShardConnectError::BadUri {
+                        uri: Redacted::new(uri),
+                        reason: format!("cannot read {path}: {e}"),
+                    })
+                }
+            }
+            rest = &after[end + 1..];
+            continue;
+        }
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(ShardConnectError::BadUri {
                 uri: Redacted::new(uri),
@@ -292,5 +307,14 @@ mod tests {
             "{missing}"
         );
         assert!(resolve_uri("mongodb://${oops").is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let uri = format!("mongodb://app:${{file:{}}}@h", file.display());
+        assert_eq!(resolve_uri(&uri).unwrap(), "mongodb://app:s3cret@h");
+        let missing = format!("mongodb://app:${{file:{}/nope}}@h", dir.path().display());
+        let e = resolve_uri(&missing).unwrap_err().to_string();
+        assert!(e.contains("cannot read") && !e.contains("s3cret"), "{e}");
     }
 }

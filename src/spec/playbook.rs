@@ -1053,12 +1053,25 @@ fn uri_problem(uri: &str) -> Option<String> {
             ));
         };
         let name = &after[..end];
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        let file = name
+            .strip_prefix("file:")
+            .is_some_and(|path| !path.is_empty());
+        if !file
+            && (name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
             return Some(format!(
-                "{shown:?}: {name:?} is not an environment variable name (letters, digits, _)"
+                "{shown:?}: {name:?} is not an environment variable name (letters, digits, _) \
+                 or a file (file:PATH)"
             ));
         }
         rest = &after[end + 1..];
+    }
+    if crate::redact::has_inline_password(uri) {
+        return Some(format!(
+            "{shown:?} holds a password in plain text: a playbook is kept in version control \
+             and its URIs are stored as written; use ${{ENV_VAR}} or ${{file:PATH}} for the \
+             password (or the whole URI)"
+        ));
     }
     let whole_variable =
         uri.starts_with("${") && uri.ends_with('}') && uri.matches("${").count() == 1;
