@@ -58,9 +58,7 @@ pub fn has_inline_password(uri: &str) -> bool {
         return false;
     };
     let tail = &uri[pos + 3..];
-    let end = tail
-        .find(|c: char| c == '/' || c == '?' || c == '#')
-        .unwrap_or(tail.len());
+    let end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
     let authority = &tail[..end];
     if let Some(at) = authority.rfind('@') {
         if let Some((_, password)) = authority[..at].split_once(':') {
