@@ -238,6 +238,14 @@ fn steps(rollback_from: Option<&str>) -> String {
     }
     match rollback_from {
         None => s.push_str("  - cleanup: {workers: 0}\n  - complete: {}\n"),
+        // From new_writes the copy back has only the application's writes to carry: a soak
+        // first (faults make router errors and overload: allowed) gives it enough for the
+        // faults placed in it. (Slowing the copier instead is no use: below the application's
+        // insert rate it never catches up with the target.)
+        Some("new_writes") => s.push_str(
+            "  - soak: {duration: 10s, max_router_errors: 1000000, overload_for: 1h}\n  \
+             - rollback: {workers: 0}\n",
+        ),
         Some(_) => s.push_str("  - rollback: {workers: 0}\n"),
     }
     s
@@ -776,8 +784,10 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
                 shared.pg.kill().await;
                 tokio::time::sleep(Duration::from_secs_f64(next.secs)).await;
                 shared.pg.start_again().await;
-                // Errors a little after the restart still count: the outage's tail.
+                // Errors a little after the restart still count: the outage's tail. The next
+                // fault waits until it has passed, so that its errors are not counted here.
                 outages.push((from, now_ms() + 2000));
+                tokio::time::sleep(Duration::from_millis(2100)).await;
             }
             Kind::RouterKill => {
                 let app = apps.last_mut().unwrap();
@@ -788,6 +798,15 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
                 let _ = app.child.wait().await;
                 let prefix = ((b'a' + apps.len() as u8) as char).to_string();
                 apps.push(start_app(&env, &prefix, seed + apps.len() as u64));
+                // The next fault waits until the new instance serves (its router registered):
+                // an instance that starts while the store is down cannot register.
+                let ledger = apps.last().unwrap().ledger.clone();
+                let until = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < until
+                    && std::fs::metadata(&ledger).map_or(true, |m| m.len() == 0)
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
         }
         fired.push(at);
@@ -863,14 +882,30 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
         Some((phase, _)) if phase == expected_phase => {}
         other => problems.push(format!("final phase {other:?}, expected {expected_phase}")),
     }
-    problems.extend(check_partitions(&shared.monitor).await);
+    let (partition_problems, partition_notes) =
+        check_partitions(&shared.monitor, plan.rollback_from.is_none()).await;
+    problems.extend(partition_problems);
+    notes.extend(partition_notes);
     let final_version = if plan.rollback_from.is_some() {
         &source
     } else {
         &target
     };
-    let (scan_problems, scan_notes) =
-        check_locations(&shared, &source, &target, final_version, &apps, &seeded, plan.rollback_from.is_some()).await;
+    if std::env::var_os("RESHARD_CAMPAIGN_SABOTAGE").is_some() {
+        // The checks' own test: lose one seeded order and one the application wrote, and
+        // leave a stray copy; the run must then fail on each.
+        sabotage(&shared, final_version, &seeded, &apps).await;
+    }
+    let (scan_problems, scan_notes) = check_locations(
+        &shared,
+        &source,
+        &target,
+        final_version,
+        &apps,
+        &seeded,
+        plan.rollback_from.is_some(),
+    )
+    .await;
     problems.extend(scan_problems);
     notes.extend(scan_notes);
     // The router serves through a state-store outage: no application error in one.
@@ -943,26 +978,88 @@ async fn collection(shared: &Shared, l: &Location) -> mongodb::Collection<Docume
         .collection(&l.collection)
 }
 
-/// Every partition of every task is done and balances its ledger.
-async fn check_partitions(pool: &PgPool) -> Vec<String> {
-    let rows: Vec<(String, i64, i64, i64, i64, i64)> = match sqlx::query_as(
+/// `RESHARD_CAMPAIGN_SABOTAGE=1`: deletes the first seeded order and the first live order of
+/// the first application's ledger, and puts a copy of the second seeded order on a shard
+/// where the final layout does not place it.
+async fn sabotage(
+    shared: &Shared,
+    final_version: &RoutingVersion,
+    seeded: &BTreeMap<String, Document>,
+    apps: &[App],
+) {
+    let at = |d: &Document| {
+        final_version
+            .locate(
+                &KeyValue::String(d.get_str("customerId").unwrap().into()),
+                &KeyValue::String(d.get_str("_id").unwrap().into()),
+            )
+            .unwrap()
+            .locations[0]
+            .clone()
+    };
+    let mut it = seeded.values();
+    let first = it.next().unwrap();
+    collection(shared, &at(first))
+        .await
+        .delete_one(doc! { "_id": first.get_str("_id").unwrap() })
+        .await
+        .unwrap();
+    let second = it.next().unwrap();
+    let elsewhere = final_version
+        .locations()
+        .into_iter()
+        .find(|l| *l != at(second))
+        .unwrap();
+    collection(shared, &elsewhere)
+        .await
+        .insert_one(second.clone())
+        .await
+        .unwrap();
+    if let Some((id, (tenant, _))) = allowed_states(&apps[0])
+        .into_iter()
+        .find(|(_, (_, allowed))| allowed.len() == 1 && allowed[0].is_some())
+    {
+        let d = doc! { "_id": &id, "customerId": &tenant };
+        collection(shared, &at(&d))
+            .await
+            .delete_one(doc! { "_id": &id })
+            .await
+            .unwrap();
+    }
+    eprintln!("campaign: sabotaged (RESHARD_CAMPAIGN_SABOTAGE): the checks must fail");
+}
+
+/// Every partition of every task is done and balances its ledger (`scanned = inserted +
+/// already_present + stamped + dead_lettered + deleted + kept`), with no dead letter; after a
+/// completed migration, cleanup deleted no more than the backfill moved.
+async fn check_partitions(pool: &PgPool, forward: bool) -> (Vec<String>, Vec<String>) {
+    type Row = (String, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64);
+    let rows: Vec<Row> = match sqlx::query_as(
         "SELECT task, count(*), count(*) FILTER (WHERE state = 'done'),
                 count(*) FILTER (WHERE scanned <> inserted + already_present + stamped
                                               + dead_lettered + deleted + kept),
-                coalesce(sum(scanned), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
-         FROM partitions GROUP BY task",
+                coalesce(sum(scanned), 0)::bigint, coalesce(sum(inserted), 0)::bigint,
+                coalesce(sum(already_present), 0)::bigint, coalesce(sum(stamped), 0)::bigint,
+                coalesce(sum(dead_lettered), 0)::bigint, coalesce(sum(deleted), 0)::bigint,
+                coalesce(sum(kept), 0)::bigint
+         FROM partitions WHERE task <> 'verify' GROUP BY task",
     )
     .fetch_all(pool)
     .await
     {
         Ok(rows) => rows,
-        Err(e) => return vec![format!("reading partitions: {e}")],
+        Err(e) => return (vec![format!("reading partitions: {e}")], Vec::new()),
     };
     let mut problems = Vec::new();
-    for (task, all, done, unbalanced, _scanned, letters) in rows {
-        if task == "verify" {
-            continue;
-        }
+    let mut notes = Vec::new();
+    let mut by_task = BTreeMap::new();
+    for row in rows {
+        let (task, all, done, unbalanced, scanned, inserted, present, stamped, letters, deleted, kept) =
+            row.clone();
+        notes.push(format!(
+            "{task}: {all} partitions, scanned {scanned} = inserted {inserted} + present \
+             {present} + stamped {stamped} + dead {letters} + deleted {deleted} + kept {kept}"
+        ));
         if done != all {
             problems.push(format!("{task}: {done} of {all} partitions done"));
         }
@@ -972,8 +1069,28 @@ async fn check_partitions(pool: &PgPool) -> Vec<String> {
         if letters > 0 {
             problems.push(format!("{task}: {letters} dead letter(s)"));
         }
+        by_task.insert(task, row);
     }
-    problems
+    if forward {
+        // Cleanup scans the same source ranges, but in collections both layouts share it also
+        // meets what the application wrote in place since (kept), and routers removed some
+        // moved source documents themselves; it can only delete what the backfill moved.
+        match (by_task.get("backfill"), by_task.get("cleanup")) {
+            (Some(b), Some(c)) => {
+                if c.9 > b.5 + b.6 {
+                    problems.push(format!(
+                        "cleanup deleted {}, more than the backfill moved ({} inserted + already \
+                         present)",
+                        c.9,
+                        b.5 + b.6
+                    ));
+                }
+            }
+            _ => problems
+                .push("a completed migration without backfill or cleanup partitions".into()),
+        }
+    }
+    (problems, notes)
 }
 
 /// What one instance's ledger and journal say each of its ids may be at the end: the last
