@@ -217,7 +217,9 @@ impl Shared {
         let t_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        self.journal(json!({ "type": "error", "t_ms": t_ms, "kind": kind, "error": e.to_string() }));
+        self.journal(
+            json!({ "type": "error", "t_ms": t_ms, "kind": kind, "error": e.to_string() }),
+        );
     }
 
     /// Counts an anomaly; the example names the phase and epoch the router was in just after.

@@ -437,7 +437,14 @@ impl Workers {
 
     async fn stop(self) {
         self.stop.store(true, Ordering::SeqCst);
-        let pids: Vec<u32> = self.pids.lock().unwrap().iter().flatten().copied().collect();
+        let pids: Vec<u32> = self
+            .pids
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
         for pid in pids {
             signal(pid, "TERM");
         }
@@ -505,7 +512,10 @@ async fn drive(
                 let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
                 log.failures.push((
                     None,
-                    format!("reshard run #{} hung past {limit:?}; its last lines: {tail:?}", log.runs),
+                    format!(
+                        "reshard run #{} hung past {limit:?}; its last lines: {tail:?}",
+                        log.runs
+                    ),
                 ));
                 return log;
             }
@@ -844,11 +854,8 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
         let mut stdout = String::new();
         if let Some(mut out) = app.child.stdout.take() {
             use tokio::io::AsyncReadExt;
-            let _ = tokio::time::timeout(
-                Duration::from_secs(60),
-                out.read_to_string(&mut stdout),
-            )
-            .await;
+            let _ = tokio::time::timeout(Duration::from_secs(60), out.read_to_string(&mut stdout))
+                .await;
         }
         let status = tokio::time::timeout(Duration::from_secs(30), app.child.wait()).await;
         match serde_json::from_str::<Value>(&stdout) {
@@ -964,7 +971,11 @@ async fn seed_source(
         all.insert(id, d);
     }
     for (l, docs) in by_location {
-        collection(shared, &l).await.insert_many(docs).await.unwrap();
+        collection(shared, &l)
+            .await
+            .insert_many(docs)
+            .await
+            .unwrap();
     }
     all
 }
@@ -1054,8 +1065,19 @@ async fn check_partitions(pool: &PgPool, forward: bool) -> (Vec<String>, Vec<Str
     let mut notes = Vec::new();
     let mut by_task = BTreeMap::new();
     for row in rows {
-        let (task, all, done, unbalanced, scanned, inserted, present, stamped, letters, deleted, kept) =
-            row.clone();
+        let (
+            task,
+            all,
+            done,
+            unbalanced,
+            scanned,
+            inserted,
+            present,
+            stamped,
+            letters,
+            deleted,
+            kept,
+        ) = row.clone();
         notes.push(format!(
             "{task}: {all} partitions, scanned {scanned} = inserted {inserted} + present \
              {present} + stamped {stamped} + dead {letters} + deleted {deleted} + kept {kept}"
@@ -1064,7 +1086,9 @@ async fn check_partitions(pool: &PgPool, forward: bool) -> (Vec<String>, Vec<Str
             problems.push(format!("{task}: {done} of {all} partitions done"));
         }
         if unbalanced > 0 {
-            problems.push(format!("{task}: {unbalanced} partition(s) with an unbalanced ledger"));
+            problems.push(format!(
+                "{task}: {unbalanced} partition(s) with an unbalanced ledger"
+            ));
         }
         if letters > 0 {
             problems.push(format!("{task}: {letters} dead letter(s)"));
@@ -1086,8 +1110,9 @@ async fn check_partitions(pool: &PgPool, forward: bool) -> (Vec<String>, Vec<Str
                     ));
                 }
             }
-            _ => problems
-                .push("a completed migration without backfill or cleanup partitions".into()),
+            _ => {
+                problems.push("a completed migration without backfill or cleanup partitions".into())
+            }
         }
     }
     (problems, notes)
@@ -1198,7 +1223,10 @@ async fn check_locations(
                 problems.push(format!(
                     "{id} is in {} locations: {:?}",
                     copies.len(),
-                    copies.iter().map(|(l, _)| l.to_string()).collect::<Vec<_>>()
+                    copies
+                        .iter()
+                        .map(|(l, _)| l.to_string())
+                        .collect::<Vec<_>>()
                 ));
             }
         }
@@ -1211,7 +1239,9 @@ async fn check_locations(
             if want != l {
                 off += 1;
                 if off <= 3 {
-                    problems.push(format!("{id} is at {l}, the final layout puts it at {want}"));
+                    problems.push(format!(
+                        "{id} is at {l}, the final layout puts it at {want}"
+                    ));
                 }
             }
         }
@@ -1375,7 +1405,10 @@ async fn fault_campaign() {
         outcomes.push(outcome);
     }
     // The coverage table.
-    eprintln!("\ncampaign: {runs} runs in {:.0}s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "\ncampaign: {runs} runs in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
     eprintln!(
         "{:>3} {:>10} {:<20} {:>5} {:<8} faults",
         "run", "seed", "direction", "secs", "outcome"
@@ -1388,7 +1421,11 @@ async fn fault_campaign() {
             o.seed,
             o.direction,
             o.seconds,
-            if o.problems.is_empty() { "ok" } else { "FAILED" },
+            if o.problems.is_empty() {
+                "ok"
+            } else {
+                "FAILED"
+            },
             o.fired.join(" "),
             if o.skipped.is_empty() {
                 String::new()
@@ -1402,9 +1439,7 @@ async fn fault_campaign() {
                 .find(|k| f.starts_with(k.short()))
                 .copied()
                 .unwrap();
-            *covered
-                .entry((o.direction == "forward", kind))
-                .or_default() += 1;
+            *covered.entry((o.direction == "forward", kind)).or_default() += 1;
         }
     }
     let mut uncovered = Vec::new();
@@ -1414,7 +1449,11 @@ async fn fault_campaign() {
             "  {dir:<8} {}",
             KINDS
                 .iter()
-                .map(|k| format!("{} x{}", k.short(), covered.get(&(forward, *k)).unwrap_or(&0)))
+                .map(|k| format!(
+                    "{} x{}",
+                    k.short(),
+                    covered.get(&(forward, *k)).unwrap_or(&0)
+                ))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -1429,7 +1468,14 @@ async fn fault_campaign() {
     let failed: Vec<String> = outcomes
         .iter()
         .filter(|o| !o.problems.is_empty())
-        .map(|o| format!("seed {} ({}): {}", o.seed, o.direction, o.problems.join("; ")))
+        .map(|o| {
+            format!(
+                "seed {} ({}): {}",
+                o.seed,
+                o.direction,
+                o.problems.join("; ")
+            )
+        })
         .collect();
     assert!(failed.is_empty(), "failed runs:\n{}", failed.join("\n"));
     assert!(
