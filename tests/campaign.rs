@@ -226,7 +226,7 @@ fn steps(rollback_from: Option<&str>) -> String {
     let mut s = String::from(
         "  - advance: dual_read\n  - advance: {to: write_switch, switch_timeout: 10s}\n",
     );
-    let reached = |p: &str| rollback_from.map_or(true, |from| rank(p) <= rank(from));
+    let reached = |p: &str| rollback_from.is_none_or(|from| rank(p) <= rank(from));
     if reached("backfill") {
         s.push_str("  - backfill: {workers: 0}\n");
     }
@@ -1129,7 +1129,7 @@ fn allowed_states(app: &App) -> BTreeMap<String, (String, Vec<Option<Value>>)> {
         .collect();
     let mut last: BTreeMap<String, (u64, String, Option<Value>)> = BTreeMap::new();
     for e in entries {
-        if last.get(&e.id).map_or(true, |(s, _, _)| *s < e.seq) {
+        if last.get(&e.id).is_none_or(|(s, _, _)| *s < e.seq) {
             last.insert(e.id.clone(), (e.seq, e.tenant.clone(), e.doc.clone()));
         }
     }
@@ -1147,7 +1147,7 @@ fn allowed_states(app: &App) -> BTreeMap<String, (String, Vec<Option<Value>>)> {
         }
         let id = v["id"].as_str().unwrap().to_owned();
         let seq = v["seq"].as_u64().unwrap();
-        let after = last.get(&id).map_or(true, |(s, _, _)| *s < seq);
+        let after = last.get(&id).is_none_or(|(s, _, _)| *s < seq);
         if after {
             let doc = if v["doc"].is_null() {
                 None
