@@ -77,6 +77,22 @@ struct Args {
     /// the last SECONDS (the insert load it takes), as JSON.
     #[arg(long, value_name = "SECONDS")]
     shard_load: Option<u64>,
+    /// The router's lease in seconds (default: the library's ten minutes). A short lease lets
+    /// a driver count a killed instance out quickly (fault tests).
+    #[arg(long)]
+    router_lease_secs: Option<u64>,
+    /// The prefix of this instance's order ids (`<prefix><worker>-<n>`): instances that run
+    /// one after another on one collection need different prefixes.
+    #[arg(long, default_value = "w")]
+    id_prefix: String,
+    /// A journal (JSON lines) of every write's intent, appended before the write is sent
+    /// (`{"type": "intent", "seq", "worker", "op", "tenant", "id", "doc"}`: the state the write
+    /// leads to, `seq` from the ledger's sequence), and of every failed operation (`{"type":
+    /// "error", "t_ms", "kind", "error"}`). With it, both files are flushed after every line,
+    /// so a process killed with SIGKILL leaves them whole: a write whose intent has no later
+    /// ledger entry may or may not have landed.
+    #[arg(long)]
+    journal: Option<PathBuf>,
 }
 
 /// Samples customer ranks 1..=n with probability proportional to 1/k^s.
@@ -150,6 +166,8 @@ struct Shared {
     ledger: Mutex<LedgerWriter<BufWriter<File>>>,
     seq: std::sync::atomic::AtomicU64,
     counts: Mutex<Counts>,
+    /// `--journal`: intents and errors, flushed line by line (and the ledger too).
+    journal: Option<Mutex<BufWriter<File>>>,
 }
 
 impl Shared {
@@ -162,11 +180,46 @@ impl Shared {
             id: id.to_owned(),
             doc,
         };
-        self.ledger
-            .lock()
-            .unwrap()
-            .append(&entry)
-            .expect("ledger write");
+        let mut ledger = self.ledger.lock().unwrap();
+        ledger.append(&entry).expect("ledger write");
+        if self.journal.is_some() {
+            ledger.flush().expect("ledger flush");
+        }
+    }
+
+    fn journal(&self, line: Value) {
+        if let Some(journal) = &self.journal {
+            use std::io::Write;
+            let mut out = journal.lock().unwrap();
+            serde_json::to_writer(&mut *out, &line).expect("journal write");
+            out.write_all(b"\n").expect("journal write");
+            out.flush().expect("journal flush");
+        }
+    }
+
+    /// Records that a write is about to be sent, and the state of `id` it leads to.
+    fn intent(&self, worker: u32, op: &str, tenant: &str, id: &str, doc: Option<Value>) {
+        if self.journal.is_some() {
+            let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.journal(json!({
+                "type": "intent", "seq": seq, "worker": worker, "op": op, "tenant": tenant,
+                "id": id, "doc": doc,
+            }));
+        }
+    }
+
+    fn error(&self, e: &RouterError) {
+        let kind = format!("{e:?}");
+        let kind = kind
+            .split(|c: char| !c.is_alphanumeric())
+            .next()
+            .unwrap_or_default();
+        let t_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.journal(
+            json!({ "type": "error", "t_ms": t_ms, "kind": kind, "error": e.to_string() }),
+        );
     }
 
     /// Counts an anomaly; the example names the phase and epoch the router was in just after.
@@ -186,6 +239,7 @@ struct Worker {
     rng: StdRng,
     orders: HashMap<String, (String, Option<Document>)>,
     next_id: u64,
+    prefix: String,
 }
 
 impl Worker {
@@ -241,13 +295,14 @@ async fn step(
             // Insert a new order for a Zipf-chosen customer.
             0..=29 => {
                 let tenant = pick_tenant(&mut w.rng, zipf, hot);
-                let id = format!("w{}-{}", w.n, w.next_id);
+                let id = format!("{}{}-{}", w.prefix, w.n, w.next_id);
                 w.next_id += 1;
                 let doc = doc! {
                     "_id": &id, "customerId": &tenant, "qty": 1, "status": "new", "version": 1,
                     "createdAt": mongodb::bson::DateTime::now(),
                 };
                 w.orders.insert(id.clone(), (tenant.clone(), None));
+                shared.intent(w.n, "insert", &tenant, &id, Some(app_fields(&doc)));
                 router.insert(doc.clone()).await?;
                 shared.log(w.n, "insert", &tenant, &id, Some(app_fields(&doc)));
                 w.orders.insert(id, (tenant, Some(doc)));
@@ -255,6 +310,11 @@ async fn step(
             // Partial update.
             30..=54 => {
                 let Some((id, tenant, Some(mut doc))) = w.pick(true) else { return Ok(()) };
+                let mut after = doc.clone();
+                after.insert("qty", doc.get_i32("qty").unwrap() + 1);
+                after.insert("version", doc.get_i32("version").unwrap() + 1);
+                after.insert("status", "paid");
+                shared.intent(w.n, "update", &tenant, &id, Some(app_fields(&after)));
                 let changed = router
                     .update(&tenant, &id, doc! { "$inc": { "qty": 1, "version": 1 }, "$set": { "status": "paid" } })
                     .await?;
@@ -273,6 +333,7 @@ async fn step(
                 let Some((id, tenant, Some(doc))) = w.pick(true) else { return Ok(()) };
                 let version = doc.get_i32("version").unwrap() + 1;
                 let new = doc! { "_id": &id, "customerId": &tenant, "qty": 7, "status": "replaced", "version": version };
+                shared.intent(w.n, "replace", &tenant, &id, Some(app_fields(&new)));
                 if !router.replace(new.clone(), false).await? {
                     shared.anomaly(&*router.snapshot().await, format!("replace of live {id} matched nothing"));
                     return Ok(());
@@ -283,6 +344,7 @@ async fn step(
             // Delete.
             65..=74 => {
                 let Some((id, tenant, Some(_))) = w.pick(true) else { return Ok(()) };
+                shared.intent(w.n, "delete", &tenant, &id, None);
                 if !router.delete(&tenant, &id).await? {
                     shared.anomaly(&*router.snapshot().await, format!("delete of live {id} found nothing"));
                 }
@@ -293,6 +355,7 @@ async fn step(
             75..=79 => {
                 let Some((id, tenant, None)) = w.pick(false) else { return Ok(()) };
                 let doc = doc! { "_id": &id, "customerId": &tenant, "qty": 3, "status": "recreated", "version": 1 };
+                shared.intent(w.n, "recreate", &tenant, &id, Some(app_fields(&doc)));
                 router.insert(doc.clone()).await?;
                 shared.log(w.n, "recreate", &tenant, &id, Some(app_fields(&doc)));
                 w.orders.insert(id, (tenant, Some(doc)));
@@ -349,6 +412,7 @@ async fn step(
         }
         Err(e) => {
             shared.counts.lock().unwrap().errors += 1;
+            shared.error(&e);
             tracing::warn!(error = %e, "operation failed");
             if !not_applied(&e) && roll < 80 {
                 // The write may or may not have happened: find out and record it.
@@ -469,6 +533,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     }
     let mut config = RouterConfig::named("orders-app");
     config.heartbeat_interval = Duration::from_millis(500);
+    if let Some(secs) = args.router_lease_secs {
+        config.lease_ttl = Duration::from_secs(secs);
+    }
     let router = Router::connect(&args.database_url, &args.collection, config).await?;
     if args.check {
         let entries = ledger::read(BufReader::new(File::open(ledger_path(&args)?)?))?;
@@ -496,6 +563,10 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         )?))),
         seq: Default::default(),
         counts: Default::default(),
+        journal: match &args.journal {
+            Some(path) => Some(Mutex::new(BufWriter::new(File::create(path)?))),
+            None => None,
+        },
     });
     let zipf = Arc::new(Zipf::new(args.tenants.max(1), args.zipf));
     let hot = args.hot_share;
@@ -517,12 +588,14 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     for n in 0..args.workers {
         let (router, shared, zipf) = (router.clone(), shared.clone(), zipf.clone());
         let stop = stop_rx.clone();
+        let prefix = args.id_prefix.clone();
         tasks.push(tokio::spawn(async move {
             let mut w = Worker {
                 n,
                 rng: StdRng::seed_from_u64(seed ^ (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 orders: HashMap::new(),
                 next_id: 0,
+                prefix,
             };
             let mut tick = tokio::time::interval(per_worker);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
