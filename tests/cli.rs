@@ -351,15 +351,29 @@ async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier(
         "{}",
         stderr(&out)
     );
-    // The move itself happened; the next one is gated on the acknowledgement.
+    // The move itself happened; the next one waits for the acknowledgement first (a driver
+    // re-run after a stop inside the barrier continues it), and does not move without it.
     assert_eq!(json(&db, &["migration", "show", &id])["phase"], "dual_read");
-    let out = reshard(&db, &["migration", "advance", &id, "--to", "write_switch"]);
+    let out = reshard(
+        &db,
+        &[
+            "migration",
+            "advance",
+            &id,
+            "--to",
+            "write_switch",
+            "--timeout",
+            "1",
+        ],
+    );
     assert_eq!(code(&out), 1);
     assert!(
-        stderr(&out).contains("routers_acknowledged"),
+        stderr(&out).contains("did not acknowledge epoch 2")
+            && stderr(&out).contains("the next move waits for them"),
         "{}",
         stderr(&out)
     );
+    assert_eq!(json(&db, &["migration", "show", &id])["phase"], "dual_read");
     // Once it acknowledges the current epoch the gate opens; a write switch it does not
     // acknowledge in time goes back to dual_read and says so.
     sqlx::query("UPDATE routers SET migration_id = $1, acked_epoch = 2")

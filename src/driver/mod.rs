@@ -154,6 +154,18 @@ impl Driver {
             }
             return Box::pin(self.advance(id, to, options)).await;
         }
+        // A move gated on every router applying the current epoch (`routers_acknowledged`)
+        // waits for them first: a driver re-run after it stopped inside a barrier, or a move
+        // right after a barrier that timed out, continues the wait (a dead router until it is
+        // counted out) rather than fail at the gate.
+        if !options.dry_run
+            && current
+                .phase()
+                .gates_to(to)
+                .contains(&Gate::RoutersAcknowledged)
+        {
+            self.barrier(&current, options.timeout).await?;
+        }
         if current.phase() == Phase::Planned && to == Phase::DualRead {
             self.prepare(&current, options.dry_run).await?;
         }
