@@ -760,13 +760,17 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
                     None => notes.push(format!("{at}: no driver was running")),
                 }
             }
-            Kind::ShardPause => {
+            Kind::ShardPause => match server.pid() {
                 // The server leads its process group.
-                let group = format!("-{}", server.pid().unwrap());
-                signal_str(&group, "STOP");
-                tokio::time::sleep(Duration::from_secs_f64(next.secs)).await;
-                signal_str(&group, "CONT");
-            }
+                Some(pid) => {
+                    let group = format!("-{pid}");
+                    signal_str(&group, "STOP");
+                    tokio::time::sleep(Duration::from_secs_f64(next.secs)).await;
+                    signal_str(&group, "CONT");
+                }
+                // A container's process is not ours to stop (`--features containers`).
+                None => notes.push(format!("{at}: the shard is a container; not paused")),
+            },
             Kind::Overload => {
                 repeat_failpoint(
                     server,

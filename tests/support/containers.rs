@@ -116,6 +116,12 @@ impl MongoServer {
         *self.running.lock().unwrap()
     }
 
+    /// The server's process id on this machine: none for a container (its process is the
+    /// Docker daemon's to signal), so faults that stop a process are skipped here.
+    pub fn pid(&self) -> Option<u32> {
+        None
+    }
+
     /// The container's stdout and stderr so far.
     pub async fn logs(&self) -> String {
         let out = self.container.stdout_to_vec().await.unwrap_or_default();
