@@ -4,15 +4,13 @@
 
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Document};
-use mongodb::Database;
-use reshard::backfill::{Worker, WorkerConfig};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::store::partitions::{PartitionState, Task};
 use support::{heavy_tests_enabled, StateDb, World};
@@ -34,24 +32,6 @@ fn ok(db: &StateDb, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn databases(shards: &HashMap<String, Database>) -> BTreeMap<String, Database> {
-    shards.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-/// Runs one worker for the migration until its current task is done.
-async fn work(w: &World) {
-    let mut config = WorkerConfig::new("test-worker");
-    config.migration = Some(w.migration);
-    config.exit_when_done = true;
-    config.lease_ttl = Duration::from_secs(5);
-    config.idle_poll = Duration::from_millis(200);
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    Worker::with_shards(w.store.clone(), databases(&w.shards), config)
-        .run(shutdown)
-        .await
-        .unwrap();
 }
 
 fn location(v: &RoutingVersion, tenant: &str, id: &str) -> (Location, u32) {
@@ -125,12 +105,12 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
     for (tenant, oid) in &deleted {
         assert!(router.delete(tenant.as_str(), oid.as_str()).await.unwrap());
     }
-    work(&w).await;
+    w.work().await;
     ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
     ok(&w.db, &["reconcile", &id, "--sample", "50"]);
     ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
     ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
-    work(&w).await;
+    w.work().await;
     let totals = w
         .store
         .task_totals(w.migration, Task::Cleanup)
@@ -225,7 +205,7 @@ async fn cleanup_stops_and_fails_the_migration_when_a_target_copy_is_missing() {
     for phase in ["dual_read", "write_switch", "backfill"] {
         ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
-    work(&w).await;
+    w.work().await;
     ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
     ok(&w.db, &["reconcile", &id, "--full"]);
     ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
@@ -241,7 +221,7 @@ async fn cleanup_stops_and_fails_the_migration_when_a_target_copy_is_missing() {
         .await
         .unwrap();
     ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
-    work(&w).await;
+    w.work().await;
 
     let m = w.store.migration(w.migration).await.unwrap();
     let reason = m.failure_reason.expect("cleanup must fail the migration");
@@ -431,7 +411,7 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
     for phase in ["dual_read", "write_switch", "backfill"] {
         ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
-    work(&w).await;
+    w.work().await;
     ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
     // Slow, so that the kill lands in the middle of the run.
     ok(

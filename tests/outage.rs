@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use mongodb::bson::{doc, Bson};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reshard::backfill::{Worker, WorkerConfig};
 use reshard::driver::{Driver, MoveOptions, Progress};
 use reshard::phase::{Action, Phase};
 use reshard::router::{Router, RouterConfig, RouterError};
@@ -338,26 +337,6 @@ async fn outage(w: &World, seen: &Seen, outage: Duration, kill: bool, label: &st
     ok_after - ok_before
 }
 
-fn databases(
-    shards: &std::collections::HashMap<String, mongodb::Database>,
-) -> BTreeMap<String, mongodb::Database> {
-    shards.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-/// Runs a backfill worker until the migration's current task is done.
-async fn work(w: &World) {
-    let mut config = WorkerConfig::new("outage-worker");
-    config.migration = Some(w.migration);
-    config.exit_when_done = true;
-    config.lease_ttl = Duration::from_secs(5);
-    config.idle_poll = Duration::from_millis(200);
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    Worker::with_shards(w.store.clone(), databases(&w.shards), config)
-        .run(shutdown)
-        .await
-        .unwrap();
-}
-
 /// Waits until the state store answers again (the test's own calls; the router needs none).
 async fn store_back(w: &World) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -412,7 +391,7 @@ async fn the_application_reads_and_writes_through_state_store_outages_in_every_p
         outage(&w, &app.seen, long_outage(), true, "backfill (long)").await,
     );
     store_back(&w).await;
-    work(&w).await;
+    w.work().await;
     // The copy is done; the next phases' gates (reconciliation) are not this test's subject.
     for (phase, kill) in [
         (Phase::Reconcile, false),

@@ -20,6 +20,7 @@ mod common;
 pub use common::*;
 mod pg_common;
 pub mod private_pg;
+mod spawn;
 pub use private_pg::PrivatePg;
 
 #[cfg(not(feature = "containers"))]

@@ -241,7 +241,7 @@ impl MongoServer {
             .stdout(log)
             .stderr(log_err)
             .process_group(0);
-        let child = spawn_from_long_lived_thread(cmd)
+        let child = super::spawn::from_long_lived_thread(cmd)
             .map_err(|e| format!("spawning {}: {e}", exe.display()))?;
         *self.child.lock().unwrap() = Some(child);
 
@@ -328,34 +328,6 @@ fn setpriv() -> Option<&'static Path> {
                 .find(|p| p.is_file())
         })
         .as_deref()
-}
-
-type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
-
-/// Spawns `cmd` from one thread that lives as long as the test process. The parent-death
-/// signal (`setpriv --pdeathsig`) fires when the *thread* that forked the child exits, so
-/// spawning from a test's own thread (or a tokio worker) would kill servers that outlive
-/// it, e.g. a [`MongoServer::shared`] one.
-fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<Child> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
-    let tx = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("secantusd-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .expect("spawning the secantusd spawner thread");
-        Mutex::new(tx)
-    });
-    let (reply_tx, reply_rx) = mpsc::channel();
-    tx.lock()
-        .unwrap()
-        .send((cmd, reply_tx))
-        .expect("spawner thread is gone");
-    reply_rx.recv().expect("spawner thread is gone")
 }
 
 /// A port that was free a moment ago and was not handed out before in this process.

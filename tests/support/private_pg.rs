@@ -373,7 +373,7 @@ impl PrivatePg {
             .stdout(log)
             .stderr(log_err)
             .process_group(0);
-        let child = spawn_from_long_lived_thread(cmd)
+        let child = super::spawn::from_long_lived_thread(cmd)
             .map_err(|e| StartError::Other(format!("spawning {}: {e}", exe.display())))?;
         *self.child.lock().unwrap() = Some(child);
 
@@ -715,33 +715,6 @@ fn remove_shm_segment(key: i64, shmid: i64) {
             .stderr(Stdio::null())
             .status();
     }
-}
-
-type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
-
-/// Spawns `cmd` from one thread that lives as long as the test process: the parent-death
-/// signal fires when the *thread* that forked the child exits, and a server may outlive
-/// the thread (or tokio worker) that started it.
-fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<Child> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
-    let tx = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("private-pg-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .expect("spawning the private-pg spawner thread");
-        Mutex::new(tx)
-    });
-    let (reply_tx, reply_rx) = mpsc::channel();
-    tx.lock()
-        .unwrap()
-        .send((cmd, reply_tx))
-        .expect("spawner thread is gone");
-    reply_rx.recv().expect("spawner thread is gone")
 }
 
 /// A port of 127.0.0.1 that was free a moment ago and was not handed out before in this

@@ -118,6 +118,28 @@ impl World {
         }
     }
 
+    /// The shards as the workers take them.
+    pub fn databases(&self) -> std::collections::BTreeMap<String, Database> {
+        self.shards
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Runs one worker for the migration until its current task is done.
+    pub async fn work(&self) {
+        let mut config = reshard::backfill::WorkerConfig::new("test-worker");
+        config.migration = Some(self.migration);
+        config.exit_when_done = true;
+        config.lease_ttl = Duration::from_secs(5);
+        config.idle_poll = Duration::from_millis(200);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        reshard::backfill::Worker::with_shards(self.store.clone(), self.databases(), config)
+            .run(shutdown)
+            .await
+            .unwrap();
+    }
+
     /// Waits until every router still counted has acknowledged the migration's current epoch.
     pub async fn acknowledged(&self) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
