@@ -214,52 +214,29 @@ fn located(file: &str, messages: &[String]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-#[test]
-fn the_version_spec_parser_refuses_mutated_specs_cleanly() {
-    let mut seeds = Vec::new();
-    yaml_files(&root().join("tests/fixtures/versions"), &mut seeds);
-    yaml_files(&root().join("tests/fixtures/bad_input"), &mut seeds);
-    assert!(seeds.len() >= 10, "seed specs: {}", seeds.len());
-    let shards: std::collections::BTreeSet<String> = ["s1", "s2", "s3", "s4"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+/// Runs a parser over mutated `seeds`: it either accepts a text or refuses it with messages
+/// that each start with the file's name; both outcomes must occur.
+fn parser_property(
+    name: &str,
+    seeds: Vec<String>,
+    parse: impl Fn(&str) -> Result<(), Vec<String>>,
+) {
+    assert!(seeds.len() >= 10, "seed {name}: {}", seeds.len());
     let accepted = std::cell::Cell::new(0u32);
     let refused = std::cell::Cell::new(0u32);
-    let mut run = runner("version specs", cases());
-    let result = run.run(
-        &mutated(seeds),
-        |text| match reshard::spec::parse_version_spec("fuzz.yaml", &text, "orders") {
-            Err(errors) => {
-                refused.set(refused.get() + 1);
-                located(
-                    "fuzz.yaml",
-                    &errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-                )
-            }
-            Ok(version) => {
-                let ctx = reshard::routing::ValidationContext {
-                    registered_shards: &shards,
-                    previous_virtual_buckets: None,
-                };
-                match reshard::spec::check_version_spec("fuzz.yaml", &text, &version, &ctx) {
-                    Ok(()) => {
-                        accepted.set(accepted.get() + 1);
-                        Ok(())
-                    }
-                    Err(errors) => {
-                        refused.set(refused.get() + 1);
-                        located(
-                            "fuzz.yaml",
-                            &errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-                        )
-                    }
-                }
-            }
-        },
-    );
+    let mut run = runner(name, cases());
+    let result = run.run(&mutated(seeds), |text| match parse(&text) {
+        Ok(()) => {
+            accepted.set(accepted.get() + 1);
+            Ok(())
+        }
+        Err(messages) => {
+            refused.set(refused.get() + 1);
+            located("fuzz.yaml", &messages)
+        }
+    });
     let (accepted, refused) = (accepted.get(), refused.get());
-    eprintln!("[fuzz] version specs: {accepted} accepted, {refused} refused");
+    eprintln!("[fuzz] {name}: {accepted} accepted, {refused} refused");
     result.unwrap();
     assert!(
         refused > 0 && accepted > 0,
@@ -267,38 +244,40 @@ fn the_version_spec_parser_refuses_mutated_specs_cleanly() {
     );
 }
 
+fn messages<E: ToString>(errors: Vec<E>) -> Vec<String> {
+    errors.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn the_version_spec_parser_refuses_mutated_specs_cleanly() {
+    let mut seeds = Vec::new();
+    yaml_files(&root().join("tests/fixtures/versions"), &mut seeds);
+    yaml_files(&root().join("tests/fixtures/bad_input"), &mut seeds);
+    let shards: std::collections::BTreeSet<String> = ["s1", "s2", "s3", "s4"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    parser_property("version specs", seeds, |text| {
+        let version =
+            reshard::spec::parse_version_spec("fuzz.yaml", text, "orders").map_err(messages)?;
+        let ctx = reshard::routing::ValidationContext {
+            registered_shards: &shards,
+            previous_virtual_buckets: None,
+        };
+        reshard::spec::check_version_spec("fuzz.yaml", text, &version, &ctx).map_err(messages)
+    });
+}
+
 #[test]
 fn the_playbook_parser_refuses_mutated_playbooks_cleanly() {
     let mut seeds = Vec::new();
     yaml_files(&root().join("playbooks"), &mut seeds);
     yaml_files(&root().join("tests/fixtures/bad_playbooks"), &mut seeds);
-    assert!(seeds.len() >= 10, "seed playbooks: {}", seeds.len());
-    let accepted = std::cell::Cell::new(0u32);
-    let refused = std::cell::Cell::new(0u32);
-    let mut run = runner("playbooks", cases());
-    let result = run.run(
-        &mutated(seeds),
-        |text| match reshard::spec::playbook::parse_playbook("fuzz.yaml", &text) {
-            Ok(_) => {
-                accepted.set(accepted.get() + 1);
-                Ok(())
-            }
-            Err(errors) => {
-                refused.set(refused.get() + 1);
-                located(
-                    "fuzz.yaml",
-                    &errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-                )
-            }
-        },
-    );
-    let (accepted, refused) = (accepted.get(), refused.get());
-    eprintln!("[fuzz] playbooks: {accepted} accepted, {refused} refused");
-    result.unwrap();
-    assert!(
-        refused > 0 && accepted > 0,
-        "the mutations reach both sides"
-    );
+    parser_property("playbooks", seeds, |text| {
+        reshard::spec::playbook::parse_playbook("fuzz.yaml", text)
+            .map(|_| ())
+            .map_err(messages)
+    });
 }
 
 /// Words of the command line: subcommands, flags, and values good and bad.
