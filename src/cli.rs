@@ -87,6 +87,9 @@ pub enum Command {
     /// Documents a backfill could not write.
     #[command(subcommand)]
     Deadletter(DeadletterCommand),
+    /// Writes that bypassed the router: list them, resolve them.
+    #[command(subcommand)]
+    Bypass(BypassCommand),
     /// Check that the target holds what the source held: counts, samples, or everything.
     Reconcile(ReconcileArgs),
     /// Playbooks: check one, or print their JSON Schema.
@@ -272,6 +275,45 @@ pub enum DeadletterCommand {
         #[arg(long)]
         reason: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BypassCommand {
+    /// Writes that bypassed the router (open ones unless --all), after reading every
+    /// location's change stream to its end.
+    List {
+        id: i64,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Resolve a bypass: recopy the write by the protocol's rules, or ignore it.
+    Resolve {
+        id: i64,
+        /// The bypass's number, as `bypass list` shows it.
+        #[arg(
+            long,
+            value_name = "N",
+            conflicts_with = "doc_id",
+            required_unless_present = "doc_id"
+        )]
+        bypass: Option<i64>,
+        /// Every open bypass of this `_id`, as `bypass list` shows it.
+        #[arg(long = "id", value_name = "ID")]
+        doc_id: Option<String>,
+        /// `recopy`: write the document as the bypassed location holds it now through the
+        /// router (a document gone from there is deleted); `ignore`: leave it.
+        #[arg(long, value_enum)]
+        action: BypassAction,
+        /// Why, for the event log.
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BypassAction {
+    Recopy,
+    Ignore,
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,6 +5,7 @@
 //! [`commands`] module is the command line's one entry point, [`run`].
 
 pub mod backfill;
+pub mod bypass;
 pub mod capacity;
 pub mod cli;
 mod commands;
@@ -33,6 +34,7 @@ pub mod shards;
 pub mod spec;
 pub mod store;
 pub mod throttle;
+pub mod watch;
 
 use std::process::ExitCode;
 

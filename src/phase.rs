@@ -75,6 +75,9 @@ pub enum Gate {
     CleanupComplete,
     /// Every document the application wrote to the target is back in the source.
     RevertComplete,
+    /// No write that bypassed the router is unresolved, and every location's change stream
+    /// was read to its end lately (`crate::bypass`).
+    BypassesResolved,
 }
 
 impl Gate {
@@ -85,6 +88,7 @@ impl Gate {
             Gate::ReconciliationPassed => "reconciliation_passed",
             Gate::CleanupComplete => "cleanup_complete",
             Gate::RevertComplete => "revert_complete",
+            Gate::BypassesResolved => "bypasses_resolved",
         }
     }
 }
@@ -162,9 +166,12 @@ impl Phase {
                 &[RoutersAcknowledged]
             }
             (Backfill, Reconcile) => &[BackfillComplete],
-            (Reconcile, NewReads) => &[ReconciliationPassed],
-            (NewReads, Cleanup) => &[RoutersAcknowledged],
-            (Cleanup, Completed) => &[CleanupComplete],
+            // A write that bypassed the router after the write switch is lost to the new
+            // reads, and to cleanup: it must be resolved first (before reconciliation, whose
+            // findings it may explain).
+            (Reconcile, NewReads) => &[BypassesResolved, ReconciliationPassed],
+            (NewReads, Cleanup) => &[RoutersAcknowledged, BypassesResolved],
+            (Cleanup, Completed) => &[CleanupComplete, BypassesResolved],
             (Reverting, RevertSwitch) => &[RoutersAcknowledged, RevertComplete],
             (RevertSwitch, RolledBack) => &[RoutersAcknowledged, RevertComplete],
             _ => &[],
@@ -566,14 +573,18 @@ mod tests {
             (
                 Phase::Reconcile,
                 Phase::NewReads,
-                &[Gate::ReconciliationPassed],
+                &[Gate::BypassesResolved, Gate::ReconciliationPassed],
             ),
             (
                 Phase::NewReads,
                 Phase::Cleanup,
-                &[Gate::RoutersAcknowledged],
+                &[Gate::RoutersAcknowledged, Gate::BypassesResolved],
             ),
-            (Phase::Cleanup, Phase::Completed, &[Gate::CleanupComplete]),
+            (
+                Phase::Cleanup,
+                Phase::Completed,
+                &[Gate::CleanupComplete, Gate::BypassesResolved],
+            ),
             (Phase::Backfill, Phase::Reverting, &[]),
             (
                 Phase::Reverting,

@@ -1114,6 +1114,10 @@ impl<'a> Model<'a> {
             // keeps checking what the routers read.
             Gate::ReconciliationPassed => true,
             Gate::CleanupComplete => self.done(s, W::Cleaner),
+            // Every writer of the model is a router or a worker: no write bypasses the
+            // router, so none is ever recorded (the watch's judgement is `bypass::classify`,
+            // tested by value).
+            Gate::BypassesResolved => true,
             Gate::RevertComplete => {
                 self.done(s, W::Reverter)
                     && (!s.revert_outdated || self.broken(Broken::RevertIgnoresLapses))

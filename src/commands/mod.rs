@@ -1,6 +1,7 @@
 //! One module per noun of the command line. `run` is the one exhaustive match over commands;
 //! each arm resolves its input and calls into the library.
 
+mod bypass;
 mod capacity;
 mod db;
 mod deadletter;
@@ -48,6 +49,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Worker(args) => worker::run(&ctx(url, output, actor).await?, args).await,
         Command::Throttle(cmd) => throttle::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Deadletter(cmd) => deadletter::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Bypass(cmd) => bypass::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Reconcile(args) => reconcile::run(&ctx(url, output, actor).await?, args).await,
         Command::Playbook(_) => unreachable!("handled above"),
         Command::Run(args) => playbook::run_file(&ctx(url, output, actor).await?, args).await,

@@ -55,6 +55,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
     let revert = ctx.store.task_totals(id, Task::Revert).await?;
     let workers = ctx.store.workers(id).await?;
     let open_dead_letters = ctx.store.dead_letters(id, false).await?.len();
+    let bypasses = ctx.store.bypass_summary(id).await?;
     let events = ctx.store.events(id).await?;
     let capacity: Vec<_> = events
         .iter()
@@ -160,6 +161,17 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             "documentsWrittenBack": revert.inserted,
             "documentsAlreadyInSource": revert.already_present,
         },
+        "bypasses": {
+            "open": bypasses.open,
+            "total": bypasses.total,
+            "watches": bypasses.watches.iter().map(|w| json!({
+                "location": w.location().to_string(),
+                "role": w.role,
+                "switched": w.switched,
+                "eventsSeen": w.events_seen,
+                "caughtUpAt": w.caught_up_at,
+            })).collect::<Vec<_>>(),
+        },
         "workers": live,
     });
     Ok((
@@ -191,6 +203,37 @@ pub async fn run(ctx: &Ctx, id: i64, watch: bool, with_partitions: bool) -> Resu
             print_partitions(&partitions);
         }
     })
+}
+
+/// `2 open of 3 (5 locations watched, caught up 4 s ago)`, or why nothing is watched.
+fn bypass_text(b: &serde_json::Value) -> String {
+    let watches = b["watches"].as_array().map(Vec::len).unwrap_or(0);
+    if watches == 0 {
+        return "not watched (the driver starts watching when it leaves `planned`)".into();
+    }
+    let oldest = b["watches"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            w["caughtUpAt"]
+                .as_str()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        })
+        .min();
+    let caught_up = match oldest {
+        Some(Some(t)) => {
+            let ago = (chrono::Utc::now() - t.with_timezone(&chrono::Utc))
+                .num_seconds()
+                .max(0);
+            format!("caught up {ago} s ago")
+        }
+        _ => "not caught up yet".into(),
+    };
+    format!(
+        "{} open of {} ({watches} locations watched, {caught_up})",
+        b["open"], b["total"]
+    )
 }
 
 fn eta_text(eta: Option<f64>) -> String {
@@ -288,6 +331,7 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
             format!("{} / {} / {}", t["overloads"], t["retries"], t["rateCuts"]),
         ),
         ("capacity signals", t["capacitySignals"].to_string()),
+        ("bypasses", bypass_text(&v["bypasses"])),
     ]);
     let c = &v["cleanup"];
     if c["partitions"].as_i64().unwrap_or(0) > 0 {

@@ -24,6 +24,7 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
     config.exit_when_done = args.exit_when_done;
     config.lease_ttl = Duration::from_secs(args.lease_ttl_secs);
     config.actor = format!("{} (worker {name})", ctx.actor);
+    let config_actor = config.actor.clone();
     let worker = Worker::connect(ctx.store.clone(), config).await?;
 
     let (stop, shutdown) = watch::channel(false);
@@ -32,6 +33,14 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
         tracing::info!("stopping: finishing the batches in flight and releasing leases");
         let _ = stop.send(true);
     });
+    // Writes that bypass the router are found while they happen, not only at the gates.
+    tokio::spawn(crate::watch::follow(
+        ctx.store.clone(),
+        args.migration,
+        config_actor.clone(),
+        Duration::from_secs(5),
+        shutdown.clone(),
+    ));
     tracing::info!(worker = %name, migration = ?args.migration, "worker started");
     let summary = worker.run(shutdown).await.map_err(|e| match e {
         crate::backfill::WorkerError::Store(s) => Error::from(s),

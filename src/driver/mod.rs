@@ -14,6 +14,7 @@
 //! The driver prints nothing: it tells a [`Progress`] what happens (the command line prints
 //! it to stderr; a playbook runner draws it), and returns what it did.
 
+pub mod bypass;
 pub mod capacity;
 pub mod deadletters;
 pub mod playbook;
@@ -169,6 +170,17 @@ impl Driver {
         if current.phase() == Phase::Planned && to == Phase::DualRead {
             self.prepare(&current, options.dry_run).await?;
         }
+        // Every write that bypassed the router up to now is judged before a move that
+        // requires them resolved; and the source's stream is read before the write switch,
+        // so that little is left to read while writes are held.
+        if current
+            .phase()
+            .gates_to(to)
+            .contains(&Gate::BypassesResolved)
+            || (to == Phase::WriteSwitch && !options.dry_run)
+        {
+            self.catch_up_bypasses(&current, None).await?;
+        }
         let t = self
             .store
             .transition(
@@ -315,7 +327,19 @@ impl Driver {
             _ => (Phase::NewWrites, Phase::DualRead),
         };
         let id = entered.id;
-        match self.barrier(entered, options.switch_timeout).await {
+        let write_switch = entered.phase() == Phase::WriteSwitch;
+        let mut waited = self.barrier(entered, options.switch_timeout).await;
+        if waited.is_ok() && write_switch {
+            // Every router holds its writes and none is in flight: from here on, a plain
+            // write to the source bypassed the router. Whatever came before is judged as
+            // before the switch.
+            if let Err(e) = self.catch_up_bypasses(entered, Some(true)).await {
+                waited = Err(Error::failed(format!(
+                    "the bypass watch could not catch up: {e}"
+                )));
+            }
+        }
+        match waited {
             Ok(()) => {
                 let moved = self
                     .store
@@ -353,6 +377,10 @@ impl Driver {
             }
             Err(waited) => {
                 let why = format!("write switch timed out: {waited}");
+                if write_switch {
+                    // Routers write the source plainly again once they see `dual_read`.
+                    self.catch_up_bypasses(entered, Some(false)).await?;
+                }
                 let t = self
                     .store
                     .transition(id, &Action::Advance(back), &self.actor, Some(&why), false)
@@ -392,7 +420,52 @@ impl Driver {
         for p in &done {
             self.progress.prepared(&p.location, &p.action, dry_run);
         }
+        if !dry_run {
+            // Every location is watched for writes that bypass the router from here on.
+            crate::watch::start(&self.store, &shards, m, &from, &to, true)
+                .await
+                .map_err(|e| Error::failed(format!("cannot start the bypass watch: {e}")))?;
+        }
         Ok(())
+    }
+
+    /// Reads every bypass watch of the migration to the end of its change stream (waiting
+    /// for a watch another process reads), and reports what it found. `switched`: flips the
+    /// source side's write-switch flag (see `crate::bypass`).
+    pub async fn catch_up_bypasses(
+        &self,
+        m: &Migration,
+        switched: Option<bool>,
+    ) -> Result<crate::watch::CatchUp> {
+        let (from, to) = self.store.migration_versions(m).await?;
+        let shards = self.shards(false).await?;
+        let caught = crate::watch::catch_up(
+            &self.store,
+            &shards,
+            m,
+            (&from, &to),
+            true,
+            switched,
+            &self.actor,
+        )
+        .await
+        .map_err(|e| Error::failed(crate::redact::redact_uri(&e.to_string())))?;
+        if !caught.started_late.is_empty() {
+            let names: Vec<String> = caught.started_late.iter().map(|l| l.to_string()).collect();
+            self.progress.note(&format!(
+                "migration {} left `planned` without the driver: {} watched for bypasses \
+                 from now only",
+                m.id,
+                names.join(", ")
+            ));
+        }
+        if caught.bypasses > 0 {
+            self.progress.note(&format!(
+                "{} write(s) bypassed the router (`reshard bypass list {}`)",
+                caught.bypasses, m.id
+            ));
+        }
+        Ok(caught)
     }
 
     /// Purges after `completed`; removes the target layout after a rollback.

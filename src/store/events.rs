@@ -47,6 +47,12 @@ pub enum EventKind {
     PlaybookChanged,
     /// An operator approved a playbook's manual gate.
     Approved,
+    /// A bypass watch started (or started late, for a migration moved without the driver).
+    BypassWatchStarted,
+    /// Writes that bypassed the router were found (count and first ids in the details).
+    BypassFound,
+    /// An operator resolved a bypass (recopied or ignored it).
+    BypassResolved,
 }
 
 impl EventKind {
@@ -73,6 +79,9 @@ impl EventKind {
             EventKind::StepDone => "step_done",
             EventKind::PlaybookChanged => "playbook_changed",
             EventKind::Approved => "approved",
+            EventKind::BypassWatchStarted => "bypass_watch_started",
+            EventKind::BypassFound => "bypass_found",
+            EventKind::BypassResolved => "bypass_resolved",
         }
     }
 }

@@ -35,6 +35,9 @@ pub(super) async fn check(
                 ))
             }
         }
+        Gate::BypassesResolved => super::bypasses::gate_detail(conn, migration)
+            .await?
+            .map_or(Ok(()), closed),
         Gate::BackfillComplete => {
             if migration.backfill_planned_at.is_none() {
                 return closed(

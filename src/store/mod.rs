@@ -4,6 +4,7 @@
 //! routers, partitions, dead letters and reconciliation runs. `NOTIFY` is a nudge for listeners;
 //! the rows are what they act on.
 
+pub mod bypasses;
 pub mod events;
 mod gates;
 pub mod migrations;

@@ -1,0 +1,511 @@
+//! The bypass watch: reads each location's change stream from where its watch stopped, judges
+//! every event (`crate::bypass::classify`) and records the bypasses, moving the stored resume
+//! token in the same transaction, so each event is judged once whoever reads the stream.
+//!
+//! Who reads: the driver, right before every move guarded by `bypasses_resolved` (and at the
+//! write switch, which flips the source side from "not judged" to "judged"), `reshard bypass
+//! list`, and every `reshard worker` continuously. A reader that finds a watch locked by
+//! another skips it (or, for the driver, waits for it).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use mongodb::bson::{self, doc, Bson, Document};
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::change_stream::ChangeStream;
+
+use crate::bypass::{self, Change, Context, Verdict};
+use crate::envelope::META;
+use crate::ids;
+use crate::routing::{Location, RoutingVersion};
+use crate::shards::{self, Shards};
+use crate::store::bypasses::{NewBypass, WatchLock};
+use crate::store::migrations::Migration;
+use crate::store::partitions::Task;
+use crate::store::{Store, StoreError};
+
+/// Events judged under one lock of a watch's row before its position is saved.
+const EVENTS_PER_SAVE: i64 = 1_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the change stream of {location} failed: {reason}")]
+    Stream { location: Location, reason: String },
+    #[error("{0}")]
+    Unknown(#[from] shards::UnknownShard),
+    #[error("{0}")]
+    Shards(String),
+}
+
+impl WatchError {
+    fn stream(location: &Location) -> impl Fn(mongodb::error::Error) -> WatchError + '_ {
+        move |e| WatchError::Stream {
+            location: location.clone(),
+            reason: shards::describe(&e),
+        }
+    }
+}
+
+/// What a catch-up read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CatchUp {
+    pub events: u64,
+    pub bypasses: u64,
+    /// Locations another reader held (skipped, when not waiting).
+    pub busy: Vec<Location>,
+    /// Locations watched from now because they had no watch (a migration moved past
+    /// `planned` without the driver).
+    pub started_late: Vec<Location>,
+}
+
+/// Opens a stream on every location of the migration and stores where each starts: every
+/// watch afresh (`restart`, when the driver leaves `planned`), or only the missing ones.
+pub async fn start(
+    store: &Store,
+    shards: &Shards,
+    migration: &Migration,
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+    restart: bool,
+) -> Result<Vec<Location>, WatchError> {
+    let mut starts = Vec::new();
+    let known: Vec<Location> = if restart {
+        Vec::new()
+    } else {
+        store
+            .watches(migration.id)
+            .await?
+            .iter()
+            .map(|w| w.location())
+            .collect()
+    };
+    for (location, role) in bypass::locations(from, to) {
+        if known.contains(&location) {
+            continue;
+        }
+        let stream = open(shards, &location, None).await?;
+        starts.push((location, role, encode_token(stream.resume_token())));
+    }
+    Ok(store.start_watches(migration.id, &starts, restart).await?)
+}
+
+/// Reads every watch of the migration to the end of its stream. `wait`: wait for a watch
+/// another reader holds rather than skip it. `switched`: set every source-side watch's
+/// write-switch flag once it is read to the end (the driver, with writes held).
+pub async fn catch_up(
+    store: &Store,
+    shards: &Shards,
+    migration: &Migration,
+    (from, to): (&RoutingVersion, &RoutingVersion),
+    wait: bool,
+    switched: Option<bool>,
+    actor: &str,
+) -> Result<CatchUp, WatchError> {
+    let mut out = CatchUp {
+        started_late: start(store, shards, migration, from, to, false).await?,
+        ..CatchUp::default()
+    };
+    let cleaned = cleaned_ranges(store, migration).await?;
+    for watch in store.watches(migration.id).await? {
+        let location = watch.location();
+        let (events, bypasses) = match read_watch(
+            store,
+            shards,
+            migration.id,
+            &location,
+            to,
+            &cleaned,
+            wait,
+            switched,
+            actor,
+        )
+        .await?
+        {
+            Some(read) => read,
+            None => {
+                out.busy.push(location);
+                continue;
+            }
+        };
+        out.events += events;
+        out.bypasses += bypasses;
+    }
+    Ok(out)
+}
+
+/// Reads one watch to the end of its stream; `None` when another reader holds it.
+#[allow(clippy::too_many_arguments)]
+async fn read_watch(
+    store: &Store,
+    shards: &Shards,
+    migration_id: i64,
+    location: &Location,
+    to: &RoutingVersion,
+    cleaned: &[CleanedRange],
+    wait: bool,
+    switched: Option<bool>,
+    actor: &str,
+) -> Result<Option<(u64, u64)>, WatchError> {
+    let (mut events_total, mut bypasses_total) = (0_u64, 0_u64);
+    loop {
+        let Some(mut lock) = store.lock_watch(migration_id, location, wait).await? else {
+            return Ok(None);
+        };
+        let token = lock.watch.resume_token.as_deref().and_then(decode_token);
+        let mut stream = match open_raw(shards, location, token.clone()).await? {
+            Ok(s) => s,
+            Err(e) if token.is_some() && cannot_resume(&e) => {
+                // The stream's history is gone (or the token is not valid here): what
+                // happened since is unknown. Record the gap and watch from now.
+                let why = format!("cannot resume: {}", shards::describe(&e));
+                record_gap(&mut lock, to, &why).await?;
+                bypasses_total += lock.recorded() as u64;
+                let fresh = open(shards, location, None).await?;
+                let token = encode_token(fresh.resume_token());
+                lock.save(Some(token), 0, false, None, actor).await?;
+                continue;
+            }
+            Err(e) => return Err(WatchError::stream(location)(e)),
+        };
+        let mut seen = 0_i64;
+        let mut ended = false;
+        let mut lost = false;
+        while seen < EVENTS_PER_SAVE {
+            let Some(event) = stream
+                .next_if_any()
+                .await
+                .map_err(WatchError::stream(location))?
+            else {
+                ended = true;
+                break;
+            };
+            seen += 1;
+            if judge(&mut lock, location, to, cleaned, &event).await? {
+                lost = true;
+                break;
+            }
+        }
+        let recorded = lock.recorded() as u64;
+        let token = if lost {
+            // The stream ended for good (the collection was dropped or renamed): go on from
+            // a fresh stream.
+            let fresh = open(shards, location, None).await?;
+            Some(encode_token(fresh.resume_token()))
+        } else {
+            Some(encode_token(stream.resume_token()))
+        };
+        let done = ended && !lost;
+        lock.save(token, seen, done, if done { switched } else { None }, actor)
+            .await?;
+        events_total += seen as u64;
+        bypasses_total += recorded;
+        if done {
+            return Ok(Some((events_total, bypasses_total)));
+        }
+    }
+}
+
+/// Reads the watches of every migration being watched (or of one) every `interval` until
+/// `shutdown` turns true, skipping watches another reader holds. Errors are logged and the
+/// next round tries again: the stored positions make every round resumable.
+pub async fn follow(
+    store: Store,
+    migration: Option<i64>,
+    actor: String,
+    interval: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut shards: Option<Shards> = None;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        if let Err(e) = follow_round(&store, &mut shards, migration, &actor).await {
+            tracing::warn!("bypass watch: {e}");
+            shards = None;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+async fn follow_round(
+    store: &Store,
+    shards: &mut Option<Shards>,
+    migration: Option<i64>,
+    actor: &str,
+) -> Result<(), WatchError> {
+    let migrations = match migration {
+        Some(id) => vec![store.migration(id).await?],
+        None => store.migrations(false).await?,
+    };
+    for m in migrations {
+        if m.phase().is_terminal() || store.watches(m.id).await?.is_empty() {
+            continue;
+        }
+        if shards.is_none() {
+            let registered = store.shards().await?;
+            *shards = Some(
+                Shards::connect(&registered, false)
+                    .await
+                    .map_err(|e| WatchError::Shards(e.to_string()))?,
+            );
+        }
+        let Some(connected) = shards.as_ref() else {
+            continue;
+        };
+        let (from, to) = store.migration_versions(&m).await?;
+        let caught = catch_up(store, connected, &m, (&from, &to), false, None, actor).await?;
+        if caught.bypasses > 0 {
+            tracing::warn!(
+                migration = m.id,
+                bypasses = caught.bypasses,
+                "writes bypassed the router (`reshard bypass list {}`)",
+                m.id
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Judges one event and records it when it is a bypass. Returns whether the stream ended
+/// for good.
+async fn judge(
+    lock: &mut WatchLock,
+    location: &Location,
+    to: &RoutingVersion,
+    cleaned: &[CleanedRange],
+    event: &Document,
+) -> Result<bool, WatchError> {
+    let op = event.get_str("operationType").unwrap_or("");
+    let id = event
+        .get_document("documentKey")
+        .ok()
+        .and_then(|k| k.get("_id"))
+        .cloned();
+    let empty = Document::new();
+    let full = event.get_document("fullDocument").unwrap_or(&empty);
+    let change = match op {
+        "insert" => Change::Insert(full),
+        "replace" => Change::Replace(full),
+        "update" => Change::Update(
+            event
+                .get_document("updateDescription")
+                .map(bypass::update_paths)
+                .unwrap_or_default(),
+        ),
+        "delete" => Change::Delete,
+        "invalidate" | "drop" | "rename" | "dropDatabase" => {
+            Change::Lost(format!("the stream saw `{op}`"))
+        }
+        _ => Change::Other,
+    };
+    let lost = matches!(change, Change::Lost(_));
+    let role = lock.watch.role();
+    let ctx = Context {
+        role,
+        switched: lock.watch.switched,
+        routing_field: to.routing_field(),
+        in_cleaned_range: matches!(change, Change::Delete)
+            && id
+                .as_ref()
+                .is_some_and(|id| cleaned.iter().any(|r| r.contains(location, id))),
+    };
+    if let Verdict::Bypass(operation) = bypass::classify(&ctx, &change) {
+        let details = match &change {
+            Change::Update(paths) => serde_json::json!({ "fields": paths }),
+            Change::Lost(why) => serde_json::json!({ "why": why }),
+            _ => serde_json::json!({}),
+        };
+        lock.record(&NewBypass {
+            doc_id: id.as_ref().map(ids::encode),
+            doc_id_text: id.as_ref().map(ids::text),
+            operation,
+            happened_at: happened_at(event),
+            details,
+        })
+        .await?;
+    }
+    Ok(lost)
+}
+
+async fn record_gap(
+    lock: &mut WatchLock,
+    to: &RoutingVersion,
+    why: &str,
+) -> Result<(), WatchError> {
+    let ctx = Context {
+        role: lock.watch.role(),
+        switched: lock.watch.switched,
+        routing_field: to.routing_field(),
+        in_cleaned_range: false,
+    };
+    if let Verdict::Bypass(operation) = bypass::classify(&ctx, &Change::Lost(why.to_owned())) {
+        lock.record(&NewBypass {
+            doc_id: None,
+            doc_id_text: None,
+            operation,
+            happened_at: Utc::now(),
+            details: serde_json::json!({ "why": why }),
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// When the server made the write: the event's wall time, else its cluster time's seconds.
+fn happened_at(event: &Document) -> DateTime<Utc> {
+    if let Ok(t) = event.get_datetime("wallTime") {
+        return DateTime::from_timestamp_millis(t.timestamp_millis()).unwrap_or_else(Utc::now);
+    }
+    if let Ok(ts) = event.get_timestamp("clusterTime") {
+        return DateTime::from_timestamp(i64::from(ts.time), 0).unwrap_or_else(Utc::now);
+    }
+    Utc::now()
+}
+
+async fn open(
+    shards: &Shards,
+    location: &Location,
+    resume_after: Option<ResumeToken>,
+) -> Result<ChangeStream<Document>, WatchError> {
+    open_raw(shards, location, resume_after)
+        .await?
+        .map_err(WatchError::stream(location))
+}
+
+/// The stream, or the server's refusal to open it (kept whole, to tell why).
+async fn open_raw(
+    shards: &Shards,
+    location: &Location,
+    resume_after: Option<ResumeToken>,
+) -> Result<Result<ChangeStream<Document>, mongodb::error::Error>, WatchError> {
+    Ok(shards
+        .collection(location)?
+        .watch()
+        .pipeline([doc! {
+            // Only what the judgement reads: a copy's or a router's whole document would
+            // otherwise cross the network again for every write the migration makes.
+            "$project": {
+                "operationType": 1, "documentKey": 1, "updateDescription": 1,
+                "wallTime": 1, "clusterTime": 1, format!("fullDocument.{META}.src"): 1,
+            }
+        }])
+        .resume_after(resume_after)
+        .max_await_time(Duration::from_millis(200))
+        .await
+        .map(|s| s.with_type::<Document>()))
+}
+
+/// Whether resuming failed because the token cannot be resumed from (its history is gone, or
+/// it is not a token of this stream), rather than for a passing reason.
+fn cannot_resume(e: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    let ErrorKind::Command(c) = &*e.kind else {
+        return false;
+    };
+    // ChangeStreamHistoryLost, ChangeStreamFatalError, InvalidResumeToken, and FailedToParse
+    // (a token the server cannot read).
+    matches!(c.code, 286 | 280 | 260 | 9) || c.code_name == "ChangeStreamHistoryLost"
+}
+
+fn encode_token(token: Option<ResumeToken>) -> Vec<u8> {
+    let value = token
+        .and_then(|t| bson::to_bson(&t).ok())
+        .unwrap_or(Bson::Null);
+    bson::to_vec(&doc! { "t": value }).unwrap_or_default()
+}
+
+fn decode_token(bytes: &[u8]) -> Option<ResumeToken> {
+    let d: Document = bson::from_slice(bytes).ok()?;
+    match d.get("t")? {
+        Bson::Null => None,
+        t => bson::from_bson(t.clone()).ok(),
+    }
+}
+
+/// An `_id` range the cleaner has claimed on a source location.
+struct CleanedRange {
+    location: Location,
+    bracket: Option<ids::Bracket>,
+    lower: Option<Bson>,
+    upper: Option<Bson>,
+}
+
+impl CleanedRange {
+    fn contains(&self, location: &Location, id: &Bson) -> bool {
+        &self.location == location
+            && ids::Bracket::of(id) == self.bracket
+            && self
+                .lower
+                .as_ref()
+                .is_none_or(|l| ids::compare(l, id).is_le())
+            && self
+                .upper
+                .as_ref()
+                .is_none_or(|u| ids::compare(id, u).is_lt())
+    }
+}
+
+async fn cleaned_ranges(
+    store: &Store,
+    migration: &Migration,
+) -> Result<Vec<CleanedRange>, WatchError> {
+    if migration.cleanup_planned_at.is_none() {
+        return Ok(Vec::new());
+    }
+    let decode = |b: &Option<Vec<u8>>| b.as_deref().and_then(|b| ids::decode(b).ok());
+    Ok(store
+        .partitions(migration.id, Task::Cleanup)
+        .await?
+        .into_iter()
+        .filter(|p| p.started_at.is_some())
+        .map(|p| CleanedRange {
+            location: p.location(),
+            bracket: ids::Bracket::parse(&p.id_type),
+            lower: decode(&p.lower_bound),
+            upper: decode(&p.upper_bound),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_survive_the_round_trip_and_none_stays_none() {
+        assert!(decode_token(&encode_token(None)).is_none());
+        assert!(decode_token(b"not bson").is_none());
+        let token: ResumeToken = bson::from_bson(Bson::Document(doc! { "_data": "82AB" })).unwrap();
+        let back = decode_token(&encode_token(Some(token.clone()))).unwrap();
+        assert_eq!(back, token);
+    }
+
+    #[test]
+    fn cleaned_ranges_hold_ids_of_their_location_and_bracket_only() {
+        let here = Location::new("s1", "orders");
+        let r = CleanedRange {
+            location: here.clone(),
+            bracket: Some(ids::Bracket::Number),
+            lower: Some(Bson::Int32(10)),
+            upper: Some(Bson::Int32(20)),
+        };
+        assert!(r.contains(&here, &Bson::Int64(10)));
+        assert!(r.contains(&here, &Bson::Double(19.0)));
+        assert!(!r.contains(&here, &Bson::Int32(20)));
+        assert!(!r.contains(&here, &Bson::Int32(9)));
+        assert!(!r.contains(&here, &Bson::String("15".into())));
+        assert!(!r.contains(&Location::new("s2", "orders"), &Bson::Int32(15)));
+        let open = CleanedRange {
+            lower: None,
+            upper: None,
+            ..r
+        };
+        assert!(open.contains(&here, &Bson::Int64(i64::MAX)));
+    }
+}
