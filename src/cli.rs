@@ -139,6 +139,9 @@ pub struct RunArgs {
     /// elsewhere, with `reshard worker`).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +181,10 @@ pub struct ReconcileArgs {
     /// Milliseconds to wait before findings are checked again (a write in flight is no defect).
     #[arg(long, default_value_t = 2_000)]
     pub recheck_delay_ms: u64,
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
+    /// (full runs).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -215,6 +222,9 @@ pub struct WorkerArgs {
     /// The worker's name in leases and status (default: host:pid).
     #[arg(long)]
     pub name: Option<String>,
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]

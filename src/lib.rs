@@ -33,6 +33,7 @@ pub mod settings;
 pub mod shards;
 pub mod spec;
 pub mod store;
+pub mod telemetry;
 pub mod throttle;
 pub mod watch;
 

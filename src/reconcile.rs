@@ -963,6 +963,12 @@ async fn verify_partition(
             // The lease was taken over: whoever holds it goes on from the last checkpoint.
             return Ok(());
         }
+        crate::telemetry::verified(
+            p.migration_id,
+            &p.source_shard,
+            stratum.samples as u64,
+            result.findings.len() as u64,
+        );
     }
 }
 

@@ -27,6 +27,10 @@ use crate::store::{Store, StoreError};
 /// Events judged under one lock of a watch's row before its position is saved.
 const EVENTS_PER_SAVE: i64 = 1_000;
 
+/// How long one read of a stream may take: a server that stopped answering must not hold the
+/// watch's row (and the driver waiting for it) for longer.
+const READ_LIMIT: Duration = Duration::from_secs(30);
+
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
     #[error(transparent)]
@@ -149,6 +153,7 @@ async fn read_watch(
     actor: &str,
 ) -> Result<Option<(u64, u64)>, WatchError> {
     let (mut events_total, mut bypasses_total) = (0_u64, 0_u64);
+    let horizon = Horizon::now(shards, location).await;
     loop {
         let Some(mut lock) = store.lock_watch(migration_id, location, wait).await? else {
             return Ok(None);
@@ -173,17 +178,25 @@ async fn read_watch(
         let mut ended = false;
         let mut lost = false;
         while seen < EVENTS_PER_SAVE {
-            let Some(event) = stream
-                .next_if_any()
+            let next = tokio::time::timeout(READ_LIMIT, stream.next_if_any())
                 .await
-                .map_err(WatchError::stream(location))?
-            else {
+                .map_err(|_| WatchError::Stream {
+                    location: location.clone(),
+                    reason: format!("no answer within {READ_LIMIT:?}"),
+                })?;
+            let Some(event) = next.map_err(WatchError::stream(location))? else {
                 ended = true;
                 break;
             };
             seen += 1;
             if judge(&mut lock, location, to, cleaned, &event).await? {
                 lost = true;
+                break;
+            }
+            if horizon.reached_by(&event) {
+                // Everything written before this read began has been judged: with writes
+                // going on, the stream never runs dry, so "the end" is this moment.
+                ended = true;
                 break;
             }
         }
@@ -270,6 +283,38 @@ async fn follow_round(
         }
     }
     Ok(())
+}
+
+/// The moment a read began, by the server's clock where it tells it (the `operationTime` of a
+/// `ping`), else by this process's: an event at or past it ends the read.
+enum Horizon {
+    Cluster(bson::Timestamp),
+    Wall(DateTime<Utc>),
+}
+
+impl Horizon {
+    async fn now(shards: &Shards, location: &Location) -> Horizon {
+        let reply = match shards.database(&location.shard) {
+            Ok(db) => db.run_command(doc! { "ping": 1 }).await.ok(),
+            Err(_) => None,
+        };
+        match reply
+            .as_ref()
+            .and_then(|r| r.get_timestamp("operationTime").ok())
+        {
+            Some(t) => Horizon::Cluster(t),
+            None => Horizon::Wall(Utc::now()),
+        }
+    }
+
+    fn reached_by(&self, event: &Document) -> bool {
+        match self {
+            Horizon::Cluster(h) => event
+                .get_timestamp("clusterTime")
+                .is_ok_and(|t| (t.time, t.increment) >= (h.time, h.increment)),
+            Horizon::Wall(h) => happened_at(event) >= *h,
+        }
+    }
 }
 
 /// Judges one event and records it when it is a bypass. Returns whether the stream ended

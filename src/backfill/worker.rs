@@ -784,12 +784,14 @@ impl Worker {
                 return Ok(());
             };
             tracing::debug!(partition = p.id, source = %p.source_shard, "partition claimed");
+            crate::telemetry::claimed(shared.migration, shared.task.as_str(), p.attempts > 1);
             match self
                 .work_partition(&shared, &p, token, claimed_at, &shutdown)
                 .await?
             {
                 PartitionEnd::Done => {
                     failures = 0;
+                    crate::telemetry::partition_done(shared.migration, shared.task.as_str());
                     shared
                         .counters
                         .partitions_done
@@ -876,6 +878,7 @@ impl Worker {
             Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
         };
         loop {
+            let batch_started = Instant::now();
             let docs = match scan.next_batch().await {
                 Ok(docs) => docs,
                 Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
@@ -937,20 +940,27 @@ impl Worker {
                 .fetch_add(report.retries as i64, Ordering::Relaxed);
             c.overloads
                 .fetch_add(report.overload_events as i64, Ordering::Relaxed);
+            crate::telemetry::overloads(
+                shared.migration,
+                shared.task.as_str(),
+                report.overload_events as u64,
+            );
             if report.counts.expired > 0 {
                 // Past the lease's deadline: nothing of this batch may be recorded, and the
                 // partition is not released either: it is taken over only once the lease and
                 // its fence margin have passed, when nothing sent can land any more.
                 return Ok(PartitionEnd::LeaseLost);
             }
-            if shared
+            let cut = shared
                 .rate
                 .lock()
                 .unwrap()
-                .on_batch(latency, Instant::now())
-            {
+                .on_batch(latency, Instant::now());
+            if cut {
                 c.rate_cuts.fetch_add(1, Ordering::Relaxed);
             }
+            let applied = shared.rate.lock().unwrap().applied();
+            crate::telemetry::rate(shared.migration, shared.task.as_str(), applied, cut);
             let mut checkpoint = prepared.checkpoint;
             for (i, result) in report.results.iter().enumerate() {
                 match result {
@@ -1008,6 +1018,20 @@ impl Worker {
                 return Ok(PartitionEnd::LeaseLost);
             }
             *lease.lock().unwrap() = checkpointing + self.config.lease_ttl;
+            crate::telemetry::checkpointed(
+                shared.migration,
+                shared.task.as_str(),
+                &p.source_shard,
+                &crate::telemetry::Ledger {
+                    scanned: checkpoint.scanned,
+                    inserted: checkpoint.inserted,
+                    already_present: checkpoint.already_present,
+                    stamped: checkpoint.stamped,
+                    dead_lettered: checkpoint.dead_lettered,
+                    deleted: checkpoint.deleted,
+                },
+                batch_started.elapsed(),
+            );
             c.documents.fetch_add(
                 checkpoint.scanned + checkpoint.skipped_foreign,
                 Ordering::Relaxed,

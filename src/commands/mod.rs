@@ -5,6 +5,7 @@ mod bypass;
 mod capacity;
 mod db;
 mod deadletter;
+mod exporter;
 mod migration;
 mod playbook;
 mod progress;

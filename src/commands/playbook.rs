@@ -98,6 +98,9 @@ fn workers(n: Option<usize>) -> String {
 
 pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
     let pb = read(&args.file)?;
+    if let Some(addr) = args.metrics_addr {
+        super::exporter::serve(addr).await?;
+    }
     let progress = Arc::new(Screen::new(ctx.output));
     let driver = Driver::new(ctx.store.clone(), ctx.actor.clone(), progress.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -21,6 +21,14 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
     let id = args
         .id
         .ok_or_else(|| Error::bad_input("give the migration id"))?;
+    if let Some(addr) = args.metrics_addr {
+        if !args.full {
+            return Err(Error::bad_input(
+                "--metrics-addr serves a full run's metrics: add --full (a sampled run is short)",
+            ));
+        }
+        super::exporter::serve(addr).await?;
+    }
     let request = RunRequest {
         options: ReconcileOptions {
             sample: args.sample as usize,

@@ -5,7 +5,7 @@
 //! `remainingOperationTimeEstimatedSecs`).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -103,6 +103,34 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
     } else {
         None
     };
+    let mut tasks = serde_json::Map::new();
+    for (name, task_partitions) in [
+        ("backfill", partitions.clone()),
+        ("verify", latest_full_run_partitions(ctx, id).await?),
+        ("cleanup", ctx.store.partitions(id, Task::Cleanup).await?),
+        ("revert", ctx.store.partitions(id, Task::Revert).await?),
+    ] {
+        tasks.insert(name.to_owned(), task_progress(&task_partitions));
+    }
+    let routers: Vec<serde_json::Value> = ctx
+        .store
+        .routers(Some(&m.collection))
+        .await?
+        .into_iter()
+        .filter(|r| r.live)
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "host": r.host,
+                "pid": r.pid,
+                "acknowledgedEpoch": r.acked_epoch,
+                "leaseAgeSecs": r.lease_age_secs,
+                "p99Ms": r.stats["all"]["p99_ms"],
+                "errors": r.stats["all"]["errors"],
+            })
+        })
+        .collect();
+    let findings_open = open_findings(ctx, id).await?;
     let value = json!({
         "migration": m.id,
         "collection": m.collection,
@@ -173,6 +201,10 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             })).collect::<Vec<_>>(),
         },
         "workers": live,
+        "activeTask": active_task(m.phase()),
+        "tasks": tasks,
+        "routers": routers,
+        "findingsOpen": findings_open,
     });
     Ok((
         Snapshot {
@@ -202,6 +234,78 @@ pub async fn run(ctx: &Ctx, id: i64, watch: bool, with_partitions: bool) -> Resu
         if with_partitions {
             print_partitions(&partitions);
         }
+    })
+}
+
+/// The task whose workers the phase runs, if any.
+fn active_task(phase: Phase) -> Option<&'static str> {
+    match phase {
+        Phase::Backfill => Some("backfill"),
+        Phase::Reconcile => Some("verify"),
+        Phase::Cleanup => Some("cleanup"),
+        Phase::Reverting => Some("revert"),
+        _ => None,
+    }
+}
+
+/// The `verify` partitions of the latest full reconciliation run.
+async fn latest_full_run_partitions(ctx: &Ctx, id: i64) -> Result<Vec<Partition>> {
+    let runs = ctx.store.reconciliation_runs(id).await?;
+    match runs
+        .iter()
+        .filter(|r| r.mode == "full")
+        .max_by_key(|r| r.id)
+    {
+        Some(run) => Ok(ctx.store.verify_partitions(run.id).await?),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Findings of the latest finished reconciliation run, when it did not pass.
+async fn open_findings(ctx: &Ctx, id: i64) -> Result<usize> {
+    let runs = ctx.store.reconciliation_runs(id).await?;
+    match runs
+        .iter()
+        .filter(|r| r.finished_at.is_some())
+        .max_by_key(|r| r.id)
+    {
+        Some(run) if run.passed != Some(true) => Ok(ctx.store.findings(run.id).await?.len()),
+        _ => Ok(0),
+    }
+}
+
+/// One task's progress: totals and, per source location, what is left (its lag).
+fn task_progress(partitions: &[Partition]) -> serde_json::Value {
+    let mut per: BTreeMap<String, (i64, i64, i64, i64)> = BTreeMap::new();
+    for p in partitions {
+        let e = per
+            .entry(format!("{}/{}", p.source_shard, p.source_collection))
+            .or_default();
+        e.0 += 1;
+        e.1 += i64::from(p.state == PartitionState::Done);
+        e.2 += p.scanned;
+        e.3 += p.approx_documents.unwrap_or(0);
+    }
+    let shards: Vec<serde_json::Value> = per
+        .iter()
+        .map(|(location, (n, done, scanned, approx))| {
+            json!({
+                "location": location,
+                "partitions": n,
+                "partitionsDone": done,
+                "documentsScanned": scanned,
+                "approxDocuments": approx.max(scanned),
+                "documentsLeft": if done == n { 0 } else { (approx - scanned).max(0) },
+            })
+        })
+        .collect();
+    let sum = |f: fn(&(i64, i64, i64, i64)) -> i64| per.values().map(f).sum::<i64>();
+    json!({
+        "partitions": sum(|e| e.0),
+        "partitionsDone": sum(|e| e.1),
+        "documentsScanned": sum(|e| e.2),
+        "approxDocuments": sum(|e| e.3.max(e.2)),
+        "shards": shards,
     })
 }
 
@@ -435,56 +539,117 @@ fn print_partitions(partitions: &[Partition]) {
     );
 }
 
-/// Progress bars per source shard and overall, redrawn every second until the backfill ends.
+/// The one status screen, refreshed every second until the migration ends (or Ctrl-C): bars
+/// for the task the phase runs (backfill, full reconciliation, cleanup waves, revert) per
+/// source location and overall, with docs/s and ETA; below them the throttle, routers, dead
+/// letters, findings and bypasses. With `--output json`: one JSON object per refresh, one
+/// per line (NDJSON), the same object `status --output json` prints.
 async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
+    if matches!(ctx.output, crate::cli::OutputFormat::Json) {
+        loop {
+            let (snap, _, _) = snapshot(ctx, id).await?;
+            {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                let line =
+                    serde_json::to_string(&snap.value).map_err(|e| Error::failed(e.to_string()))?;
+                if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+                    // The reader went away (a closed pipe): nothing more to say.
+                    return Ok(());
+                }
+            }
+            if snap.phase.is_terminal() {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tokio::signal::ctrl_c() => return Ok(()),
+            }
+        }
+    }
     let multi = MultiProgress::new();
-    let style = ProgressStyle::with_template("{prefix:>24} [{bar:40}] {pos}/{len} {msg}")
+    let style = ProgressStyle::with_template("{prefix:>28} [{bar:36}] {pos}/{len} {msg}")
         .map_err(|e| Error::failed(e.to_string()))?
         .progress_chars("=> ");
-    let overall = multi.add(
-        ProgressBar::new(0)
-            .with_style(style.clone())
-            .with_prefix("all"),
-    );
+    let overall = multi.add(ProgressBar::new(0).with_style(style.clone()));
+    let facts = multi.add(ProgressBar::new_spinner());
     let mut bars: BTreeMap<String, ProgressBar> = BTreeMap::new();
+    let mut shown_task: Option<String> = None;
+    let mut last: Option<(Instant, i64)> = None;
     loop {
         let (snap, _, _) = snapshot(ctx, id).await?;
-        overall.set_length(snap.totals.approx_documents.max(snap.totals.scanned) as u64);
-        overall.set_position(snap.totals.scanned as u64);
+        let v = &snap.value;
+        let task = v["activeTask"]
+            .as_str()
+            .map(str::to_owned)
+            .or_else(|| shown_task.clone())
+            .unwrap_or_else(|| "backfill".to_owned());
+        let task = task.as_str();
+        if shown_task.as_deref() != Some(task) {
+            // A new task: new bars.
+            for bar in std::mem::take(&mut bars).into_values() {
+                bar.finish_and_clear();
+                multi.remove(&bar);
+            }
+            overall.reset();
+            shown_task = Some(task.to_owned());
+            last = None;
+        }
+        let t = &v["tasks"][task];
+        let scanned = t["documentsScanned"].as_i64().unwrap_or(0);
+        let total = t["approxDocuments"].as_i64().unwrap_or(0).max(scanned);
+        // docs/s from what the task checkpointed since the last refresh (every task), or the
+        // workers' reports for the backfill.
+        let now = Instant::now();
+        let rate = match last {
+            Some((at, before)) if task != "backfill" => {
+                (scanned - before).max(0) as f64 / now.duration_since(at).as_secs_f64().max(0.1)
+            }
+            _ => not_negative(snap.docs_per_sec),
+        };
+        last = Some((now, scanned));
+        let eta = if rate > 0.5 {
+            Some((total - scanned).max(0) as f64 / rate)
+        } else {
+            None
+        };
+        overall.set_prefix(format!("{task} (all)"));
+        overall.set_length(total as u64);
+        overall.set_position(scanned as u64);
         overall.set_message(format!(
-            "{:.0} docs/s, eta {}, {} dead, {}",
-            not_negative(snap.docs_per_sec),
-            eta_text(snap.eta),
-            snap.totals.dead_lettered,
-            snap.value["state"].as_str().unwrap_or("")
+            "{:.0} docs/s, eta {}, {}/{} partitions, {}",
+            rate,
+            eta_text(eta),
+            t["partitionsDone"],
+            t["partitions"],
+            v["state"].as_str().unwrap_or("")
         ));
-        for s in &snap.shards {
-            let key = format!("{}/{}", s.source_shard, s.source_collection);
+        for shard in t["shards"].as_array().into_iter().flatten() {
+            let key = shard["location"].as_str().unwrap_or("").to_owned();
             let bar = bars.entry(key.clone()).or_insert_with(|| {
-                multi.add(
+                multi.insert_before(
+                    &facts,
                     ProgressBar::new(0)
                         .with_style(style.clone())
                         .with_prefix(key),
                 )
             });
-            bar.set_length(s.approx_documents_to_copy.max(s.documents_scanned) as u64);
-            bar.set_position(s.documents_scanned as u64);
-            bar.set_message(format!("{}/{} partitions", s.partitions_done, s.partitions));
+            let done = shard["documentsScanned"].as_i64().unwrap_or(0);
+            bar.set_length(shard["approxDocuments"].as_i64().unwrap_or(0).max(done) as u64);
+            bar.set_position(done as u64);
+            bar.set_message(format!(
+                "{}/{} partitions, {} left",
+                shard["partitionsDone"], shard["partitions"], shard["documentsLeft"]
+            ));
         }
-        let finished = snap.totals.partitions > 0 && snap.totals.done == snap.totals.partitions;
-        let left_backfill = !matches!(
-            snap.phase,
-            Phase::Planned
-                | Phase::DualRead
-                | Phase::WriteSwitch
-                | Phase::NewWrites
-                | Phase::Backfill
-        );
-        if finished || left_backfill {
+        facts.set_message(facts_line(v));
+        facts.tick();
+        if snap.phase.is_terminal() {
             overall.finish();
             for bar in bars.values() {
                 bar.finish();
             }
+            facts.finish();
             return Ok(());
         }
         tokio::select! {
@@ -492,4 +657,31 @@ async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
     }
+}
+
+/// The line under the bars: throttle, routers, dead letters, findings, bypasses.
+fn facts_line(v: &serde_json::Value) -> String {
+    let t = &v["throttle"];
+    let routers = v["routers"].as_array().cloned().unwrap_or_default();
+    let epoch = v["epoch"].as_i64();
+    let behind = routers
+        .iter()
+        .filter(|r| r["acknowledgedEpoch"].as_i64() != epoch)
+        .count();
+    let p99 = routers
+        .iter()
+        .filter_map(|r| r["p99Ms"].as_f64())
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    format!(
+        "rate {:.0}/{:.0} docs/s | routers {} ({} behind epoch {}), p99 {} | dead letters {} | findings {} | bypasses {}",
+        not_negative(t["appliedDocsPerSec"].as_f64().unwrap_or(0.0)),
+        t["configuredDocsPerSec"].as_f64().unwrap_or(0.0),
+        routers.len(),
+        behind,
+        v["epoch"],
+        p99.map_or("-".to_owned(), |p| format!("{p:.1} ms")),
+        v["backfill"]["deadLettersOpen"],
+        v["findingsOpen"],
+        v["bypasses"]["open"],
+    )
 }

@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 use crate::output;
 
 pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
+    if let Some(addr) = args.metrics_addr {
+        super::exporter::serve(addr).await?;
+    }
     if let Some(id) = args.migration {
         ctx.store.migration(id).await?;
     }

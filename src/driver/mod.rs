@@ -32,6 +32,9 @@ use crate::store::migrations::{Migration, Transition};
 use crate::store::routers::Unacknowledged;
 use crate::store::{Store, StoreError};
 
+/// How long the driver tries to read every bypass watch to its end before a move fails.
+const CATCH_UP_PATIENCE: Duration = Duration::from_secs(60);
+
 /// What the driver tells whoever runs it. Every method has a default that does nothing.
 pub trait Progress: Send + Sync {
     /// A move was made (or, in a dry run, checked).
@@ -439,17 +442,34 @@ impl Driver {
     ) -> Result<crate::watch::CatchUp> {
         let (from, to) = self.store.migration_versions(m).await?;
         let shards = self.shards(false).await?;
-        let caught = crate::watch::catch_up(
-            &self.store,
-            &shards,
-            m,
-            (&from, &to),
-            true,
-            switched,
-            &self.actor,
-        )
-        .await
-        .map_err(|e| Error::failed(crate::redact::redact_uri(&e.to_string())))?;
+        // A shard that does not answer (stopped, overloaded) delays the move rather than
+        // fail it at once: the read is tried again for up to a minute.
+        let started = Instant::now();
+        let caught = loop {
+            match crate::watch::catch_up(
+                &self.store,
+                &shards,
+                m,
+                (&from, &to),
+                true,
+                switched,
+                &self.actor,
+            )
+            .await
+            {
+                Ok(caught) => break caught,
+                Err(e) if started.elapsed() < CATCH_UP_PATIENCE => {
+                    self.progress.note(&format!(
+                        "the bypass watch cannot read to the end yet ({}); trying again",
+                        crate::redact::redact_uri(&e.to_string())
+                    ));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Err(e) => {
+                    return Err(Error::failed(crate::redact::redact_uri(&e.to_string())));
+                }
+            }
+        };
         if !caught.started_late.is_empty() {
             let names: Vec<String> = caught.started_late.iter().map(|l| l.to_string()).collect();
             self.progress.note(&format!(

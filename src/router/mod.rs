@@ -342,6 +342,7 @@ impl Router {
                 return Err(RouterError::UnknownShard(missing));
             }
         }
+        crate::telemetry::router_applies(collection, snapshot.epoch, snapshot.phase.as_str(), None);
         let (epochs, _) = watch::channel((snapshot.migration_id, snapshot.epoch));
         let inner = Arc::new(Inner {
             store,
@@ -515,7 +516,9 @@ impl Router {
             .map_err(|_| RouterError::RoutingStale)?
         }
         .await;
-        self.inner.record("list_tenant", started, result.is_ok());
+        self.inner
+            .record("list_tenant", started, result.is_ok())
+            .await;
         result
     }
 
@@ -545,7 +548,7 @@ impl Router {
     ) -> Result<Outcome<Document>, RouterError> {
         let started = Instant::now();
         let result = self.run_held(tenant, id, op).await;
-        self.inner.record(name, started, result.is_ok());
+        self.inner.record(name, started, result.is_ok()).await;
         result
     }
 
@@ -621,11 +624,18 @@ impl Inner {
         (Instant::now() < deadline).then(|| tokio::time::Instant::from_std(deadline))
     }
 
-    fn record(&self, op: &'static str, started: Instant, ok: bool) {
-        self.stats
-            .lock()
-            .expect("stats lock")
-            .record(op, started.elapsed(), ok);
+    /// Records an operation: in the heartbeat's statistics and in the metrics facade.
+    async fn record(&self, op: &'static str, started: Instant, ok: bool) {
+        let took = started.elapsed();
+        self.stats.lock().expect("stats lock").record(op, took, ok);
+        let phase = self.snapshot.read().await.phase;
+        crate::telemetry::router_operation(
+            &self.collection,
+            op,
+            crate::telemetry::path_of(op, phase),
+            ok,
+            took,
+        );
     }
 
     /// Renews the lease and acknowledges the epoch applied now (the epoch switched to last,
@@ -753,6 +763,12 @@ impl Inner {
             "switching epoch"
         );
         let key = (fresh.migration_id, fresh.epoch);
+        crate::telemetry::router_applies(
+            &self.collection,
+            fresh.epoch,
+            fresh.phase.as_str(),
+            Some(current.phase.as_str()),
+        );
         *guard = Arc::new(fresh);
         drop(guard);
         self.epochs.send_replace(key);

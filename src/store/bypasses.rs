@@ -164,6 +164,12 @@ impl Store {
         wait: bool,
     ) -> StoreResult<Option<WatchLock>> {
         let mut tx = self.pool().begin().await?;
+        if wait {
+            // Another reader holds the row at most for one bounded read of its stream.
+            sqlx::query("SET LOCAL lock_timeout = '90s'")
+                .execute(&mut *tx)
+                .await?;
+        }
         let watch: Option<Watch> = sqlx::query_as(&format!(
             "SELECT {WATCH_COLUMNS} FROM bypass_watches
              WHERE migration_id = $1 AND shard = $2 AND collection = $3
@@ -285,6 +291,7 @@ impl WatchLock {
         .fetch_optional(&mut *self.tx)
         .await?;
         if recorded.is_some() {
+            crate::telemetry::bypass(self.watch.migration_id, bypass.operation.as_str());
             self.recorded
                 .push((bypass.operation, bypass.doc_id_text.clone()));
         }

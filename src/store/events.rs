@@ -128,13 +128,17 @@ impl<'a> NewEvent<'a> {
 }
 
 /// Appends `event` to the migration's log, at its current epoch.
+///
+/// One place writes every event, so the row, the log line and the metric never disagree:
+/// the row is appended here, and the same call logs it (target `reshard::event`, at info) and
+/// counts it (`reshard_events_total`).
 pub(super) async fn insert(
     conn: &mut sqlx::PgConnection,
     migration: &Migration,
     actor: &str,
     event: &NewEvent<'_>,
 ) -> StoreResult<i64> {
-    Ok(sqlx::query_scalar(
+    let id: i64 = sqlx::query_scalar(
         "INSERT INTO migration_events
              (migration_id, actor, kind, from_phase, to_phase, epoch, reason, details)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
@@ -148,5 +152,21 @@ pub(super) async fn insert(
     .bind(event.reason)
     .bind(&event.details)
     .fetch_one(conn)
-    .await?)
+    .await?;
+    tracing::info!(
+        target: "reshard::event",
+        migration = migration.id,
+        event = id,
+        kind = event.kind.as_str(),
+        from = event.from.map(|p| p.as_str()),
+        to = event.to.map(|p| p.as_str()),
+        epoch = migration.epoch,
+        actor,
+        reason = event.reason,
+        details = %event.details,
+        "{}",
+        event.kind
+    );
+    crate::telemetry::event(migration.id, event.kind.as_str());
+    Ok(id)
 }

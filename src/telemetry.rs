@@ -1,0 +1,383 @@
+//! What reshard measures, through the `metrics` facade: one name per metric, its help text,
+//! and the calls the workers, the router and the event log make. Recording costs nothing
+//! until a process installs an exporter (`reshard worker|run|reconcile --metrics-addr`, or an
+//! application's own Prometheus recorder for the router library).
+//!
+//! Names follow Prometheus conventions: `_total` counters, `_seconds` histograms, labels for
+//! the migration, the task, the shard and the operation.
+
+use std::time::Duration;
+
+/// The kind of a metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric: name, kind, labels, meaning. README lists the same (a test checks it).
+pub const METRICS: &[(&str, Kind, &str, &str)] = &[
+    (
+        DOCUMENTS_SCANNED,
+        Kind::Counter,
+        "migration, task, shard",
+        "source documents a worker read and checkpointed (backfill, cleanup, revert)",
+    ),
+    (
+        DOCUMENTS_COPIED,
+        Kind::Counter,
+        "migration, task, shard",
+        "documents written to the other layout (backfill: copied to the target; revert: written back to the source)",
+    ),
+    (
+        DOCUMENTS_ALREADY_PRESENT,
+        Kind::Counter,
+        "migration, task, shard",
+        "documents the other layout already held (a copy, a newer write or a tombstone won)",
+    ),
+    (
+        DOCUMENTS_STAMPED,
+        Kind::Counter,
+        "migration, task, shard",
+        "documents that stay where they are and got the target's routing field",
+    ),
+    (
+        DOCUMENTS_DEAD_LETTERED,
+        Kind::Counter,
+        "migration, task, shard",
+        "documents a target refused for good (see `reshard deadletter list`)",
+    ),
+    (
+        DOCUMENTS_DELETED,
+        Kind::Counter,
+        "migration, task, shard",
+        "cleanup: moved source documents deleted once the target held them",
+    ),
+    (
+        DOCUMENTS_VERIFIED,
+        Kind::Counter,
+        "migration, shard",
+        "full reconciliation: source documents checked against the target",
+    ),
+    (
+        FINDINGS,
+        Kind::Counter,
+        "migration, shard",
+        "full reconciliation: findings (missing, mismatched, misplaced, ...) before their recheck",
+    ),
+    (
+        BATCHES,
+        Kind::Counter,
+        "migration, task",
+        "batches written and checkpointed",
+    ),
+    (
+        BATCH_SECONDS,
+        Kind::Histogram,
+        "migration, task",
+        "time from reading a batch to its checkpoint",
+    ),
+    (
+        PARTITIONS_CLAIMED,
+        Kind::Counter,
+        "migration, task",
+        "partitions a worker leased (a partition leased again counts here and below)",
+    ),
+    (
+        PARTITIONS_RECLAIMED,
+        Kind::Counter,
+        "migration, task",
+        "partitions leased again: an earlier lease ran out (a worker died) or was released",
+    ),
+    (
+        PARTITIONS_DONE,
+        Kind::Counter,
+        "migration, task",
+        "partitions finished",
+    ),
+    (
+        OVERLOADS,
+        Kind::Counter,
+        "migration, task",
+        "writes a target rejected for overload",
+    ),
+    (
+        RATE_CUTS,
+        Kind::Counter,
+        "migration, task",
+        "times a worker halved its rate (overload or slow batches)",
+    ),
+    (
+        RATE_APPLIED,
+        Kind::Gauge,
+        "migration, task",
+        "the rate this worker applies now, documents per second",
+    ),
+    (
+        EVENTS,
+        Kind::Counter,
+        "migration, kind",
+        "events appended to the migration's log, by kind (the log line and the row are written together)",
+    ),
+    (
+        BYPASSES,
+        Kind::Counter,
+        "migration, operation",
+        "writes that bypassed the router, found by the change-stream watch",
+    ),
+    (
+        ROUTER_OPERATIONS,
+        Kind::Counter,
+        "collection, op, path, outcome",
+        "router operations by kind (get, insert, replace, update, delete, list), the path the phase gives them and ok/error",
+    ),
+    (
+        ROUTER_OPERATION_SECONDS,
+        Kind::Histogram,
+        "collection, op",
+        "router operation latency as the application sees it",
+    ),
+    (
+        ROUTER_EPOCH,
+        Kind::Gauge,
+        "collection",
+        "the migration epoch the router applies",
+    ),
+    (
+        ROUTER_PHASE,
+        Kind::Gauge,
+        "collection, phase",
+        "1 for the phase the router applies, 0 for the others it applied before",
+    ),
+];
+
+pub const DOCUMENTS_SCANNED: &str = "reshard_documents_scanned_total";
+pub const DOCUMENTS_COPIED: &str = "reshard_documents_copied_total";
+pub const DOCUMENTS_ALREADY_PRESENT: &str = "reshard_documents_already_present_total";
+pub const DOCUMENTS_STAMPED: &str = "reshard_documents_stamped_total";
+pub const DOCUMENTS_DEAD_LETTERED: &str = "reshard_documents_dead_lettered_total";
+pub const DOCUMENTS_DELETED: &str = "reshard_documents_deleted_total";
+pub const DOCUMENTS_VERIFIED: &str = "reshard_documents_verified_total";
+pub const FINDINGS: &str = "reshard_findings_total";
+pub const BATCHES: &str = "reshard_batches_total";
+pub const BATCH_SECONDS: &str = "reshard_batch_seconds";
+pub const PARTITIONS_CLAIMED: &str = "reshard_partitions_claimed_total";
+pub const PARTITIONS_RECLAIMED: &str = "reshard_partitions_reclaimed_total";
+pub const PARTITIONS_DONE: &str = "reshard_partitions_done_total";
+pub const OVERLOADS: &str = "reshard_overloads_total";
+pub const RATE_CUTS: &str = "reshard_rate_cuts_total";
+pub const RATE_APPLIED: &str = "reshard_rate_applied_docs_per_second";
+pub const EVENTS: &str = "reshard_events_total";
+pub const BYPASSES: &str = "reshard_bypasses_total";
+pub const ROUTER_OPERATIONS: &str = "reshard_router_operations_total";
+pub const ROUTER_OPERATION_SECONDS: &str = "reshard_router_operation_seconds";
+pub const ROUTER_EPOCH: &str = "reshard_router_epoch";
+pub const ROUTER_PHASE: &str = "reshard_router_phase";
+
+/// Histogram buckets, in seconds, for every `_seconds` metric.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Registers every metric's help text with the installed recorder.
+pub fn describe() {
+    for (name, kind, _, help) in METRICS {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(*name, *help),
+            Kind::Gauge => metrics::describe_gauge!(*name, *help),
+            Kind::Histogram => {
+                metrics::describe_histogram!(*name, metrics::Unit::Seconds, *help)
+            }
+        }
+    }
+}
+
+/// One checkpointed batch's ledger.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    pub scanned: i64,
+    pub inserted: i64,
+    pub already_present: i64,
+    pub stamped: i64,
+    pub dead_lettered: i64,
+    pub deleted: i64,
+}
+
+/// A batch was checkpointed: its ledger is now in the partition's row.
+pub fn checkpointed(migration: i64, task: &'static str, shard: &str, l: &Ledger, took: Duration) {
+    let m = migration.to_string();
+    let labels = [
+        ("migration", m.clone()),
+        ("task", task.to_owned()),
+        ("shard", shard.to_owned()),
+    ];
+    for (name, n) in [
+        (DOCUMENTS_SCANNED, l.scanned),
+        (DOCUMENTS_COPIED, l.inserted),
+        (DOCUMENTS_ALREADY_PRESENT, l.already_present),
+        (DOCUMENTS_STAMPED, l.stamped),
+        (DOCUMENTS_DEAD_LETTERED, l.dead_lettered),
+        (DOCUMENTS_DELETED, l.deleted),
+    ] {
+        metrics::counter!(name, &labels).increment(n.max(0) as u64);
+    }
+    let labels = [("migration", m), ("task", task.to_owned())];
+    metrics::counter!(BATCHES, &labels).increment(1);
+    metrics::histogram!(BATCH_SECONDS, &labels).record(took.as_secs_f64());
+}
+
+/// A full reconciliation checkpointed a batch.
+pub fn verified(migration: i64, shard: &str, documents: u64, findings: u64) {
+    let labels = [
+        ("migration", migration.to_string()),
+        ("shard", shard.to_owned()),
+    ];
+    metrics::counter!(DOCUMENTS_VERIFIED, &labels).increment(documents);
+    metrics::counter!(FINDINGS, &labels).increment(findings);
+}
+
+/// A partition was leased; `again` when it had been leased before.
+pub fn claimed(migration: i64, task: &'static str, again: bool) {
+    let labels = [
+        ("migration", migration.to_string()),
+        ("task", task.to_owned()),
+    ];
+    metrics::counter!(PARTITIONS_CLAIMED, &labels).increment(1);
+    if again {
+        metrics::counter!(PARTITIONS_RECLAIMED, &labels).increment(1);
+    }
+}
+
+pub fn partition_done(migration: i64, task: &'static str) {
+    let labels = [
+        ("migration", migration.to_string()),
+        ("task", task.to_owned()),
+    ];
+    metrics::counter!(PARTITIONS_DONE, &labels).increment(1);
+}
+
+pub fn overloads(migration: i64, task: &'static str, n: u64) {
+    let labels = [
+        ("migration", migration.to_string()),
+        ("task", task.to_owned()),
+    ];
+    metrics::counter!(OVERLOADS, &labels).increment(n);
+}
+
+pub fn rate(migration: i64, task: &'static str, applied: f64, cut: bool) {
+    let labels = [
+        ("migration", migration.to_string()),
+        ("task", task.to_owned()),
+    ];
+    metrics::gauge!(RATE_APPLIED, &labels).set(applied);
+    if cut {
+        metrics::counter!(RATE_CUTS, &labels).increment(1);
+    }
+}
+
+/// An event was appended to a migration's log.
+pub fn event(migration: i64, kind: &'static str) {
+    metrics::counter!(EVENTS, "migration" => migration.to_string(), "kind" => kind).increment(1);
+}
+
+pub fn bypass(migration: i64, operation: &'static str) {
+    metrics::counter!(BYPASSES, "migration" => migration.to_string(), "operation" => operation)
+        .increment(1);
+}
+
+/// The path a phase gives an operation: where it reads (`get`, `list`) or writes.
+pub fn path_of(op: &str, phase: crate::phase::Phase) -> &'static str {
+    use crate::phase::{ReadPath, WritePath};
+    if matches!(op, "get" | "list" | "list_tenant") {
+        match phase.read_path() {
+            ReadPath::Source => "source",
+            ReadPath::TargetThenSource => "target_then_source",
+            ReadPath::Target => "target",
+        }
+    } else {
+        match phase.write_path() {
+            WritePath::Source => "source",
+            WritePath::Held => "held",
+            WritePath::Target => "target",
+            WritePath::TargetMirroredToSource => "target_mirrored_to_source",
+        }
+    }
+}
+
+/// A router operation ended.
+pub fn router_operation(
+    collection: &str,
+    op: &'static str,
+    path: &'static str,
+    ok: bool,
+    took: Duration,
+) {
+    metrics::counter!(
+        ROUTER_OPERATIONS,
+        "collection" => collection.to_owned(),
+        "op" => op,
+        "path" => path,
+        "outcome" => if ok { "ok" } else { "error" },
+    )
+    .increment(1);
+    metrics::histogram!(
+        ROUTER_OPERATION_SECONDS,
+        "collection" => collection.to_owned(),
+        "op" => op,
+    )
+    .record(took.as_secs_f64());
+}
+
+/// The router applies a new epoch and phase (`previous`: the phase it applied before).
+pub fn router_applies(
+    collection: &str,
+    epoch: i64,
+    phase: &'static str,
+    previous: Option<&'static str>,
+) {
+    metrics::gauge!(ROUTER_EPOCH, "collection" => collection.to_owned()).set(epoch as f64);
+    if let Some(before) = previous.filter(|p| *p != phase) {
+        metrics::gauge!(ROUTER_PHASE, "collection" => collection.to_owned(), "phase" => before)
+            .set(0.0);
+    }
+    metrics::gauge!(ROUTER_PHASE, "collection" => collection.to_owned(), "phase" => phase).set(1.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_where_the_phase_sends_reads_and_writes() {
+        use crate::phase::Phase;
+        assert_eq!(path_of("get", Phase::Backfill), "target_then_source");
+        assert_eq!(path_of("update", Phase::Backfill), "target");
+        assert_eq!(path_of("insert", Phase::WriteSwitch), "held");
+        assert_eq!(path_of("list", Phase::Cleanup), "target");
+        assert_eq!(
+            path_of("delete", Phase::Reverting),
+            "target_mirrored_to_source"
+        );
+        assert_eq!(path_of("get", Phase::Planned), "source");
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions_and_are_listed_once() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, kind, labels, help) in METRICS {
+            assert!(seen.insert(*name), "{name} is listed twice");
+            assert!(name.starts_with("reshard_"), "{name}");
+            assert!(
+                name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{name}"
+            );
+            match kind {
+                Kind::Counter => assert!(name.ends_with("_total"), "{name}"),
+                Kind::Histogram => assert!(name.ends_with("_seconds"), "{name}"),
+                Kind::Gauge => assert!(!name.ends_with("_total"), "{name}"),
+            }
+            assert!(!labels.is_empty() && !help.is_empty(), "{name}");
+        }
+    }
+}
