@@ -102,6 +102,61 @@ fn find_password_param(text: &str) -> Option<usize> {
         .min()
 }
 
+/// `text` without the secrets a connection string's references stood for (`values`: what
+/// each `${...}` was replaced by). A value that is itself a URI counts for its password only.
+/// Hidden as `***`: each whole occurrence of a secret, and each word with a part (between URI
+/// delimiters) of three or more characters found inside one. A parse error of the driver
+/// quotes what it could not read, and for a password holding an unencoded `?` that is a piece
+/// of the password (`invalid server address app:Xy7p: ... got Xy7p`), which [`redact_uri`]
+/// cannot recognise as a password.
+pub fn scrub(text: &str, values: &[String]) -> String {
+    let secrets: Vec<&str> = values
+        .iter()
+        .filter_map(|v| match v.find("://") {
+            Some(scheme) => {
+                // Loosely: from the first ':' of the authority to its last '@', wherever a
+                // misplaced '?', '/' or '#' in the password has moved the authority's end.
+                let tail = &v[scheme + 3..];
+                let at = tail.rfind('@')?;
+                let colon = tail[..at].find(':')?;
+                Some(&tail[colon + 1..at])
+            }
+            None => Some(v.as_str()),
+        })
+        .filter(|s| !s.is_empty())
+        .collect();
+    if secrets.is_empty() {
+        return text.to_owned();
+    }
+    let mut text = text.to_owned();
+    for s in &secrets {
+        text = text.replace(s, "***");
+    }
+    let secret_part = |part: &str| part.len() >= 3 && secrets.iter().any(|s| s.contains(part));
+    let edge = |c: char| {
+        matches!(
+            c,
+            '(' | ')' | '[' | ']' | '"' | '\'' | ',' | ';' | ':' | '.'
+        )
+    };
+    text.split(' ')
+        .map(|word| {
+            let core = word.trim_matches(edge);
+            let hidden = core
+                .split(|c: char| !(c.is_alphanumeric() || matches!(c, '-' | '_' | '~' | '%')))
+                .any(secret_part);
+            if hidden {
+                let start = word.len() - word.trim_start_matches(edge).len();
+                let end = word.trim_end_matches(edge).len();
+                format!("{}***{}", &word[..start], &word[end.max(start)..])
+            } else {
+                word.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A connection string that prints redacted through `Display` and `Debug`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Redacted(String);
@@ -186,6 +241,42 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(redact_uri(input), expected, "{input}");
         }
+    }
+
+    #[test]
+    fn what_references_stood_for_is_scrubbed_from_a_message() {
+        let password = "Xy7pQ2?mZ9/kL4".to_owned();
+        let uri = "mongodb://app:Xy7pQ2?mZ9/kL4@h:27017/?authSource=admin".to_owned();
+        let cases = [
+            // The driver's parse error for a password with an unencoded '?'.
+            (
+                "invalid server address app:Xy7pQ2: the port must be an integer, got Xy7pQ2",
+                &password,
+                "invalid server address ***: the port must be an integer, got ***",
+            ),
+            (
+                "option is not a 'key=value' pair: mZ9/kL4@h:27017/",
+                &password,
+                "option is not a 'key=value' pair: ***",
+            ),
+            // A whole URI from a file: its password counts, not its host or options.
+            (
+                "invalid server address app:Xy7pQ2 (h:27017, authSource=admin)",
+                &uri,
+                "invalid server address *** (h:27017, authSource=admin)",
+            ),
+            (
+                "the password is Xy7pQ2?mZ9/kL4.",
+                &password,
+                "the password is ***.",
+            ),
+            ("no such host h", &password, "no such host h"),
+            ("got Xy7p.", &password, "got ***."),
+        ];
+        for (text, value, expected) in cases {
+            assert_eq!(scrub(text, std::slice::from_ref(value)), expected, "{text}");
+        }
+        assert_eq!(scrub("got Xy7p", &[]), "got Xy7p");
     }
 
     #[test]

@@ -118,6 +118,19 @@ pub async fn writer_client(uri: &str) -> Result<Client, ShardConnectError> {
 /// URIs are stored as written, so a password given as `${MONGO_PASSWORD}` or kept in a file
 /// never reaches the state store; each process resolves it when it connects.
 pub fn resolve_uri(uri: &str) -> Result<String, ShardConnectError> {
+    resolve(uri).map(|r| r.uri)
+}
+
+/// A shard URI with its references resolved, and what they stood for.
+struct Resolved {
+    uri: String,
+    /// The text each `${...}` was replaced by: kept out of error messages
+    /// ([`crate::redact::scrub`]).
+    values: Vec<String>,
+}
+
+fn resolve(uri: &str) -> Result<Resolved, ShardConnectError> {
+    let mut values = Vec::new();
     let mut out = String::with_capacity(uri.len());
     let mut rest = uri;
     while let Some(at) = rest.find("${") {
@@ -133,7 +146,11 @@ pub fn resolve_uri(uri: &str) -> Result<String, ShardConnectError> {
         if let Some(path) = name.strip_prefix("file:") {
             // `${file:PATH}`: the file's content (a whole URI, or a password), read now.
             match std::fs::read_to_string(path) {
-                Ok(text) => out.push_str(text.trim_end_matches(['\n', '\r'])),
+                Ok(text) => {
+                    let text = text.trim_end_matches(['\n', '\r']);
+                    out.push_str(text);
+                    values.push(text.to_owned());
+                }
                 Err(e) => {
                     return Err(ShardConnectError::BadUri {
                         uri: Redacted::new(uri),
@@ -151,7 +168,10 @@ pub fn resolve_uri(uri: &str) -> Result<String, ShardConnectError> {
             });
         }
         match std::env::var(name) {
-            Ok(value) => out.push_str(&value),
+            Ok(value) => {
+                out.push_str(&value);
+                values.push(value);
+            }
             Err(_) => {
                 return Err(ShardConnectError::MissingVariable {
                     uri: Redacted::new(uri),
@@ -162,16 +182,18 @@ pub fn resolve_uri(uri: &str) -> Result<String, ShardConnectError> {
         rest = &after[end + 1..];
     }
     out.push_str(rest);
-    Ok(out)
+    Ok(Resolved { uri: out, values })
 }
 
 async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectError> {
+    let resolved = resolve(uri)?;
+    // The driver's reason may quote the resolved text, so what the references stood for is
+    // scrubbed from it.
     let bad = |e: mongodb::error::Error| ShardConnectError::BadUri {
         uri: Redacted::new(uri),
-        reason: describe(&e),
+        reason: crate::redact::scrub(&describe(&e), &resolved.values),
     };
-    let resolved = resolve_uri(uri)?;
-    let mut options = ClientOptions::parse(&resolved).await.map_err(bad)?;
+    let mut options = ClientOptions::parse(&resolved.uri).await.map_err(bad)?;
     if bulk_writer {
         crate::copy::writer::disable_driver_write_retries(&mut options);
     }
@@ -288,6 +310,30 @@ mod tests {
         assert!(line.contains("notaport"), "{line}");
         for noise in ["Kind:", "labels", "source: None", "\n", "s3cret"] {
             assert!(!line.contains(noise), "{noise:?} in {line}");
+        }
+    }
+
+    /// Regression (issue 14's secrets test): a password put in a variable without
+    /// percent-encoding its `?` made the driver's parse error quote a piece of it.
+    #[tokio::test]
+    async fn a_password_with_an_unencoded_question_mark_is_not_quoted() {
+        std::env::set_var("RESHARD_TEST_UNENCODED_PASSWORD", "Xy7pQ2?mZ9/kL4@");
+        let uri = "mongodb://app:${RESHARD_TEST_UNENCODED_PASSWORD}@127.0.0.1:27017/?x=1";
+        let driver = ClientOptions::parse(resolve_uri(uri).unwrap())
+            .await
+            .unwrap_err();
+        assert!(
+            describe(&driver).contains("Xy7pQ2"),
+            "the driver's own reason quotes the password: {}",
+            describe(&driver)
+        );
+        let e = client(uri).await.unwrap_err().to_string();
+        assert!(
+            e.contains("is not a usable MongoDB connection string"),
+            "{e}"
+        );
+        for piece in ["Xy7pQ2", "mZ9", "kL4"] {
+            assert!(!e.contains(piece), "{piece:?} in {e}");
         }
     }
 

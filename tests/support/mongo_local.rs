@@ -6,6 +6,7 @@ use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,8 @@ pub struct MongoServer {
     opts: MongoServerBuilder,
     dir: TempDir,
     child: Mutex<Option<Child>>,
+    /// Whether the server runs with `--auth` (set by [`MongoServer::require_auth`]).
+    auth: AtomicBool,
 }
 
 /// Path of `secantusd-py`: `$RESHARD_SECANTUSD`, else `<crate>/.venv/bin/secantusd-py`.
@@ -60,6 +63,7 @@ impl MongoServerBuilder {
                 opts: self.clone(),
                 dir: new_server_dir(),
                 child: Mutex::new(None),
+                auth: AtomicBool::new(false),
             };
             match server.spawn_and_wait().await {
                 Ok(()) => return server,
@@ -179,6 +183,28 @@ impl MongoServer {
         }
     }
 
+    /// Creates `user` (role `root` on `admin`) with `password`, then restarts the server with
+    /// `--auth` on the same storage: from then on every command but the handshake (`hello`,
+    /// `ping`) needs SCRAM-SHA-256 credentials (`authSource=admin`), so [`uri`](Self::uri)
+    /// only pings. SecantusDB has no localhost exception, hence the restart. Needs
+    /// [`Storage::Persistent`], where the user survives it (with `sync_on_commit`, even when
+    /// SIGTERM hangs and the restart kills).
+    pub async fn require_auth(&self, user: &str, password: &str) {
+        assert_eq!(
+            self.opts.storage,
+            Storage::Persistent,
+            "require_auth needs Storage::Persistent: the user must survive the restart"
+        );
+        let create = mongodb::bson::doc! {
+            "createUser": user, "pwd": password, "roles": ["root"],
+        };
+        if let Err(e) = self.admin_command(create).await {
+            panic!("createUser {user} on {}: {e}", self.name);
+        }
+        self.auth.store(true, Ordering::SeqCst);
+        self.restart().await;
+    }
+
     fn args(&self) -> Vec<String> {
         let storage = match self.opts.storage {
             // ":memory:" is a temp dir under $TMPDIR, which we point into self.dir, so a
@@ -201,6 +227,9 @@ impl MongoServer {
         }
         if self.opts.sync_on_commit {
             args.push("--sync-on-commit".to_string());
+        }
+        if self.auth.load(Ordering::SeqCst) {
+            args.push("--auth".to_string());
         }
         args.extend(self.opts.extra_args.iter().cloned());
         args
