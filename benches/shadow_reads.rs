@@ -101,7 +101,8 @@ async fn bench() {
     let n_docs = env_or("RESHARD_BENCH_DOCS", 2_000);
     let gets = env_or("RESHARD_BENCH_GETS", 20_000);
     let rounds = env_or("RESHARD_BENCH_ROUNDS", 10).max(2);
-    let per_round = gets / rounds;
+    // Half of the rounds are each setting's.
+    let per_round = 2 * gets / rounds;
 
     let (shards, pg) = tokio::join!(Shards::start(3), PgDb::fresh());
     let store = Store::connect_unchecked(&pg.url()).await.unwrap();
