@@ -484,7 +484,7 @@ pub enum MigrationCommand {
     },
     /// The migration's event log.
     History(MigrationId),
-    /// Gate thresholds and cleanup options stored with the migration.
+    /// Gate thresholds, cleanup options and shadow reads stored with the migration.
     Configure {
         id: i64,
         /// Missing documents a passing reconciliation run may find (default 0).
@@ -502,6 +502,11 @@ pub enum MigrationCommand {
         /// Drop source collections that cleanup emptied.
         #[arg(long)]
         drop_empty_source: Option<bool>,
+        /// Shadow reads: the percentage of reads (0 to 100) for which routers also read the
+        /// other side off the application's latency path and compare, in dual_read through
+        /// reconcile; mismatches hold the reconcile gate shut (default 0: off).
+        #[arg(long, value_name = "PERCENT")]
+        shadow_reads: Option<f64>,
         #[arg(long)]
         reason: Option<String>,
     },

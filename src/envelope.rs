@@ -11,6 +11,8 @@
 //! - `mig`: set by a rollback's mirror on the source document it wrote: mirrors compare
 //!   revisions only among the documents this migration mirrored.
 
+use std::collections::BTreeSet;
+
 use mongodb::bson::{doc, Bson, DateTime, Document};
 
 use crate::routing::RoutingVersion;
@@ -211,6 +213,32 @@ pub fn mirror(
         ],
     };
     (filter, image)
+}
+
+/// The top-level fields in which two images of one document differ, apart from `_reshard` and
+/// the routing fields of both versions (a copy carries the target's, its source the source's):
+/// empty when a pristine copy equals its source. Reconciliation's content check and shadow
+/// reads ([`crate::shadow::compare`]) both decide by it.
+pub fn content_differences(
+    source: &Document,
+    target: &Document,
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+) -> Vec<String> {
+    let ignore: BTreeSet<&str> = [Some(META), from.routing_field(), to.routing_field()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let keys: BTreeSet<&str> = source
+        .keys()
+        .chain(target.keys())
+        .map(String::as_str)
+        .filter(|k| !ignore.contains(k))
+        .collect();
+    keys.into_iter()
+        .filter(|k| source.get(*k) != target.get(*k))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Whether `path` (a field or a dotted path) is one no application write may set: the id, the

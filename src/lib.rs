@@ -30,6 +30,7 @@ pub mod router;
 pub mod routing;
 pub mod scope;
 pub mod settings;
+pub mod shadow;
 pub mod shards;
 pub mod spec;
 pub mod store;

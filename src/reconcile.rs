@@ -27,6 +27,7 @@ use serde_json::json;
 
 use crate::backfill::plan;
 use crate::disposition::{self, Disposition};
+pub use crate::envelope::content_differences;
 use crate::envelope::{self, is_tombstone, Writer};
 use crate::ids;
 use crate::protocol::{self, Answer, Payload, Side, Step};
@@ -124,33 +125,6 @@ pub enum Outcome {
 
 fn read_err(location: &Location) -> impl Fn(mongodb::error::Error) -> ReadError + '_ {
     ReadError::at(location)
-}
-
-/// The fields two versions of a document may differ in without being different documents.
-pub fn content_differences(
-    source: &Document,
-    target: &Document,
-    from: &RoutingVersion,
-    to: &RoutingVersion,
-) -> Vec<String> {
-    let ignore: BTreeSet<&str> = [
-        Some(envelope::META),
-        from.routing_field(),
-        to.routing_field(),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let keys: BTreeSet<&str> = source
-        .keys()
-        .chain(target.keys())
-        .map(String::as_str)
-        .filter(|k| !ignore.contains(k))
-        .collect();
-    keys.into_iter()
-        .filter(|k| source.get(*k) != target.get(*k))
-        .map(str::to_owned)
-        .collect()
 }
 
 fn keys_of(version: &RoutingVersion, doc: &Document) -> Option<(KeyValue, KeyValue)> {
@@ -719,6 +693,88 @@ async fn repair_copy(
     }
 }
 
+/// Brings the target in line with the source document of `id` at `source`: a document that
+/// moves is copied again ([`repair_copy`], never over the application's write), one that stays
+/// gets its routing field. Returns what was done.
+async fn repair_from_source(
+    scene: &Scene,
+    epoch: i64,
+    source: &Location,
+    id: &Bson,
+) -> Result<String, ReadError> {
+    let Some(doc) = scene.shards.find_by_id(source, id).await? else {
+        return Ok("the source document is gone".to_owned());
+    };
+    Ok(
+        match disposition::of(Side::Source, &scene.from, &scene.to, source, &doc) {
+            Disposition::Stays {
+                stamp: Some((field, value)),
+            } => {
+                scene
+                    .shards
+                    .collection(source)?
+                    .update_one(envelope::live(id), envelope::stamp(&field, value))
+                    .await
+                    .map_err(read_err(source))?;
+                "routing field stamped".to_owned()
+            }
+            Disposition::Moves { target, sub_bucket } => {
+                repair_copy(scene, &target, doc, sub_bucket, epoch)
+                    .await?
+                    .to_owned()
+            }
+            other => format!("left alone: the source document is {other:?} now"),
+        },
+    )
+}
+
+/// How the repair of a shadow read's mismatch ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShadowRepair {
+    /// The target's copy equals its source again (what was done).
+    Repaired(String),
+    /// Nothing is left to compare: the application wrote or deleted the document since, or
+    /// (rarely) the source document is gone.
+    Superseded(crate::shadow::Uncompared),
+    /// The copy still differs (the fields).
+    StillWrong(Vec<String>),
+}
+
+/// Repairs a mismatch shadow reads found: the pristine copy is copied again from its source
+/// through the repair path ([`repair_from_source`]: replacing only a pristine copy), then
+/// both sides are read and compared again ([`crate::shadow::compare`]).
+pub async fn repair_shadow_mismatch(
+    scene: &Scene,
+    epoch: i64,
+    mismatch: &crate::store::shadow::ShadowMismatch,
+) -> Result<ShadowRepair, ReadError> {
+    let id = ids::decode(&mismatch.doc_id).unwrap_or(Bson::Null);
+    let (Some(source), Some(target)) = (
+        parse_location(&mismatch.source_location),
+        parse_location(&mismatch.target_location),
+    ) else {
+        return Ok(ShadowRepair::StillWrong(vec![format!(
+            "unreadable locations {} / {}",
+            mismatch.source_location, mismatch.target_location
+        )]));
+    };
+    let what = repair_from_source(scene, epoch, &source, &id).await?;
+    let source_doc = scene.shards.find_by_id(&source, &id).await?;
+    let target_doc = scene.shards.find_by_id(&target, &id).await?;
+    Ok(
+        match crate::shadow::compare(
+            source_doc.as_ref(),
+            target_doc.as_ref(),
+            &scene.from,
+            &scene.to,
+        ) {
+            crate::shadow::Verdict::Equal => ShadowRepair::Repaired(what),
+            crate::shadow::Verdict::Mismatch { fields } => ShadowRepair::StillWrong(fields),
+            crate::shadow::Verdict::NotCompared(why) => ShadowRepair::Superseded(why),
+        },
+    )
+}
+
 /// Rewrites the documents findings name: a missing or mismatched pristine copy is copied again
 /// from the source ([`repair_copy`]), a staying document gets its routing field, a misplaced
 /// copy is removed from where it does not belong once the right location holds it. Returns
@@ -735,29 +791,7 @@ pub async fn repair(
         let source = f.details["source"].as_str().and_then(parse_location);
         let what = match (f.kind, source) {
             (FindingKind::Missing | FindingKind::Mismatched, Some(source)) => {
-                let Some(doc) = scene.shards.find_by_id(&source, &id).await? else {
-                    done.push((f.id, "the source document is gone".to_owned()));
-                    continue;
-                };
-                match disposition::of(Side::Source, &scene.from, &scene.to, &source, &doc) {
-                    Disposition::Stays {
-                        stamp: Some((field, value)),
-                    } => {
-                        scene
-                            .shards
-                            .collection(&source)?
-                            .update_one(envelope::live(&id), envelope::stamp(&field, value))
-                            .await
-                            .map_err(read_err(&source))?;
-                        "routing field stamped".to_owned()
-                    }
-                    Disposition::Moves { target, sub_bucket } => {
-                        repair_copy(scene, &target, doc, sub_bucket, epoch)
-                            .await?
-                            .to_owned()
-                    }
-                    other => format!("left alone: the source document is {other:?} now"),
-                }
+                repair_from_source(scene, epoch, &source, &id).await?
             }
             (FindingKind::Misplaced, source) => {
                 let found = f.details["found"].as_str().and_then(parse_location);

@@ -35,6 +35,10 @@ pub struct MigrationSettings {
     pub cleanup_waves: [f64; 3],
     /// Drop a source collection that cleanup emptied (and that no target location uses).
     pub drop_empty_source: bool,
+    /// Shadow reads: the percentage (0 to 100) of reads for which routers, in `dual_read`
+    /// through `reconcile`, also read the other side off the application's latency path and
+    /// compare ([`crate::shadow`]). 0 (the default) turns them off.
+    pub shadow_read_percent: f64,
 }
 
 impl Default for MigrationSettings {
@@ -52,6 +56,7 @@ impl Default for MigrationSettings {
             max_misplaced: 0,
             cleanup_waves: [1.0, 10.0, 100.0],
             drop_empty_source: false,
+            shadow_read_percent: 0.0,
         }
     }
 }
@@ -107,6 +112,14 @@ impl MigrationSettings {
             problems.push(format!(
                 "cleanup_waves: {waves:?} is not allowed; use three increasing percentages in \
                  (0, 100], the last one 100"
+            ));
+        }
+        if !(self.shadow_read_percent.is_finite()
+            && (0.0..=100.0).contains(&self.shadow_read_percent))
+        {
+            problems.push(format!(
+                "shadow_read_percent: {} is not allowed; use a percentage from 0 to 100",
+                self.shadow_read_percent
             ));
         }
         if self.documents_per_partition == 0 {
@@ -168,6 +181,30 @@ mod tests {
         assert!(p[1].contains("1 to 64"), "{p:?}");
         assert!(p[2].contains("1 to 100000"), "{p:?}");
         assert!(MigrationSettings::default().problems().is_empty());
+    }
+
+    #[test]
+    fn shadow_reads_take_a_percentage() {
+        for (percent, ok) in [
+            (0.0, true),
+            (0.5, true),
+            (100.0, true),
+            (100.5, false),
+            (-1.0, false),
+            (f64::NAN, false),
+        ] {
+            let s = MigrationSettings {
+                shadow_read_percent: percent,
+                ..MigrationSettings::default()
+            };
+            let p = s.problems();
+            assert_eq!(p.is_empty(), ok, "{percent}: {p:?}");
+            if !ok {
+                assert!(p[0].starts_with("shadow_read_percent: "), "{p:?}");
+                assert!(p[0].contains("from 0 to 100"), "{p:?}");
+            }
+        }
+        assert_eq!(MigrationSettings::default().shadow_read_percent, 0.0);
     }
 
     #[test]

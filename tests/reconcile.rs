@@ -23,6 +23,7 @@ use mongodb::{Collection, Database};
 use reshard::backfill::{Worker, WorkerConfig};
 use reshard::ids;
 use reshard::phase::{Action, Phase};
+use reshard::router::{Router, RouterConfig};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::settings::MigrationSettings;
 use reshard::store::partitions::{Partition, PartitionState, Task};
@@ -315,6 +316,55 @@ impl Fixture {
 
     async fn phase(&self) -> Phase {
         self.store.migration(self.migration).await.unwrap().phase()
+    }
+
+    /// A router of the collection, as an application embeds it.
+    async fn router(&self) -> Router {
+        let mut config = RouterConfig::named("shadow-app");
+        config.heartbeat_interval = Duration::from_millis(200);
+        config.write_concern = mongodb::options::WriteConcern::nodes(1);
+        // Every sampled read is compared: none is skipped for being one too many in flight.
+        config.shadow_reads_in_flight = 64;
+        Router::with_shards(self.store.clone(), COLLECTION, config, self.dbs.clone())
+            .await
+            .unwrap()
+    }
+
+    /// `reshard --output json migration status ID`'s `shadowReads`.
+    async fn shadow_status(&self) -> Value {
+        let id = self.migration.to_string();
+        let out = self
+            .cli(&["--output", "json", "migration", "status", &id])
+            .await;
+        out.expect_code(0, "migration status");
+        out.json()["shadowReads"].clone()
+    }
+
+    /// Alters a pristine copy in the target with a plain driver client, behind reshard's back:
+    /// its envelope still says it is a copy.
+    async fn alter_copy(&self, location: &Location, id: &str) {
+        let r = self
+            .coll(location)
+            .update_one(
+                doc! { "_id": id, "_reshard.src": "copy" },
+                doc! { "$set": { "total": -1, "note": "edited by hand" } },
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.modified_count, 1, "{id} is a pristine copy at {location}");
+    }
+}
+
+/// Polls `check` every 100 ms until it holds, for at most 10 s.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -1458,4 +1508,254 @@ async fn a_count_mismatch_never_passes_and_thresholds_admit_known_defects() {
         .await
         .expect_code(0, "advance --to new_reads");
     assert_eq!(fx.phase().await, Phase::NewReads);
+}
+
+/// Shadow reads (issue 14): after a passing run, two pristine copies are altered behind
+/// reshard's back. A router shadowing every read reports both (id and both locations) while
+/// the application gets its answers as usual; `migration status` shows the reads compared and
+/// the mismatches; the gate refuses `new_reads` naming them; the application then rewrites one
+/// of the two; `reshard repair` copies the other again from its source and resolves the
+/// rewritten one as superseded; the gate opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_reads_report_an_altered_copy_and_hold_the_gate_until_repaired() {
+    let docs = make_docs(30, 30, 10);
+    let fx = Fixture::backfilled(&docs).await;
+    fx.to_reconcile().await;
+    let e = Expect::of(&fx, &docs);
+    fx.reconcile(&[]).await.expect_code(0, "a clean run");
+    fx.configure(&["--shadow-reads", "100"]).await;
+    let router = fx.router().await;
+    let tenant = |id: &str| tenant_of(docs.iter().find(|d| id_of(d) == id).unwrap()).to_owned();
+
+    let (s3, s4) = (loc("s3", COLLECTION), loc("s4", COLLECTION));
+    let altered = e.moving(&s1_source(), &s3, |_| true);
+    let rewritten = e.moving(&loc("s2", COLLECTION), &s4, |_| true);
+    fx.alter_copy(&s3, &altered).await;
+    fx.alter_copy(&s4, &rewritten).await;
+
+    // Clean copies compare equal; the application reads what the target holds.
+    let clean: Vec<String> = e
+        .moved
+        .keys()
+        .filter(|id| **id != altered && **id != rewritten)
+        .take(8)
+        .cloned()
+        .collect();
+    for id in &clean {
+        let got = router.get(tenant(id), id.as_str()).await.unwrap().unwrap();
+        assert_eq!(got.get_str("_id").unwrap(), id);
+    }
+    for id in [&altered, &rewritten] {
+        let got = router.get(tenant(id), id.as_str()).await.unwrap().unwrap();
+        assert_eq!(
+            got.get_i32("total").unwrap(),
+            -1,
+            "the application sees the target"
+        );
+    }
+
+    let store = fx.store.clone();
+    let m = fx.migration;
+    eventually("two shadow mismatches", || {
+        let store = store.clone();
+        async move { store.shadow_mismatches(m, true).await.unwrap().len() == 2 }
+    })
+    .await;
+    let open = fx.store.shadow_mismatches(m, true).await.unwrap();
+    let found: BTreeMap<String, (String, String, Value)> = open
+        .iter()
+        .map(|o| {
+            (
+                o.doc_id_text.clone(),
+                (
+                    o.source_location.clone(),
+                    o.target_location.clone(),
+                    o.fields.clone(),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found.get(&altered),
+        Some(&(
+            "s1/orders".to_owned(),
+            "s3/orders".to_owned(),
+            serde_json::json!(["note", "total"])
+        )),
+        "{open:?}"
+    );
+    assert_eq!(
+        found.get(&rewritten).map(|f| (f.0.as_str(), f.1.as_str())),
+        Some(("s2/orders", "s4/orders")),
+        "{open:?}"
+    );
+
+    // The heartbeat stores the counts; `migration status` shows them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let shown = loop {
+        let shown = fx.shadow_status().await;
+        if shown["readsCompared"].as_i64() == Some(clean.len() as i64 + 2) {
+            break shown;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the counts never reached status: {shown:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(shown["percent"], 100.0, "{shown:#}");
+    assert_eq!(shown["mismatches"], 2, "{shown:#}");
+    assert_eq!(shown["openMismatches"], 2, "{shown:#}");
+    let listed: BTreeSet<&str> = shown["open"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["_id"].as_str())
+        .collect();
+    assert_eq!(
+        listed,
+        BTreeSet::from([altered.as_str(), rewritten.as_str()]),
+        "{shown:#}"
+    );
+    let id = fx.migration.to_string();
+    let text = fx.cli(&["migration", "status", &id]).await;
+    assert!(
+        text.stdout
+            .contains("100% of reads; 10 compared, 2 mismatches (2 documents open, 0 resolved)"),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains(&altered), "{}", text.stdout);
+
+    // The run passed, but the mismatches hold the gate shut, named and counted.
+    let out = fx.advance("new_reads").await;
+    out.expect_code(1, "advance with shadow mismatches open");
+    assert!(
+        out.stderr
+            .contains("2 shadow read mismatch(es) are unresolved"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(&format!("reshard repair {id}")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(fx.phase().await, Phase::Reconcile);
+
+    // The application rewrites one of them: its write is newer than the source.
+    router
+        .update(
+            tenant(&rewritten),
+            rewritten.as_str(),
+            doc! { "$set": { "status": "paid" } },
+        )
+        .await
+        .unwrap();
+
+    let out = fx.repair().await;
+    out.expect_code(0, "repair");
+    let report = out.json();
+    let by_id: BTreeMap<String, Value> = report["shadow_mismatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["_id"].as_str().unwrap().to_owned(), r.clone()))
+        .collect();
+    assert_eq!(by_id[&altered]["resolution"], "repaired", "{report:#}");
+    assert_eq!(by_id[&rewritten]["resolution"], "superseded", "{report:#}");
+    assert_eq!(by_id[&rewritten]["why"], "superseded", "{report:#}");
+
+    // The copy equals its source again, and is still a pristine copy.
+    let copy = fx.find(&s3, &altered).await.unwrap();
+    let source = fx.find(&s1_source(), &altered).await.unwrap();
+    assert!(reshard::envelope::is_pristine_copy(&copy), "{copy:?}");
+    assert!(
+        reshard::envelope::content_differences(&source, &copy, &fx.v1, &fx.v2).is_empty(),
+        "{source:?} vs {copy:?}"
+    );
+    // The application's write was left alone.
+    let app = fx.find(&s4, &rewritten).await.unwrap();
+    assert_eq!(app.get_str("status").unwrap(), "paid");
+    assert!(fx
+        .store
+        .shadow_mismatches(m, true)
+        .await
+        .unwrap()
+        .is_empty());
+    let totals = fx.store.shadow_totals(m).await.unwrap();
+    assert_eq!((totals.open, totals.resolved), (0, 2), "{totals:?}");
+
+    // Reading the repaired copy compares equal now: no new mismatch.
+    router
+        .get(tenant(&altered), altered.as_str())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(fx
+        .store
+        .shadow_mismatches(m, true)
+        .await
+        .unwrap()
+        .is_empty());
+
+    router.shutdown().await;
+    fx.advance("new_reads")
+        .await
+        .expect_code(0, "advance once the mismatches are resolved");
+    assert_eq!(fx.phase().await, Phase::NewReads);
+}
+
+/// Shadow reads are off by default: reading an altered copy compares nothing and reports
+/// nothing. Turned on while the router runs (a settings change, no new epoch), the router
+/// follows at its next poll and the same read is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_shadow_reads_nothing_is_compared_until_they_are_turned_on() {
+    let docs = make_docs(20, 20, 10);
+    let fx = Fixture::backfilled(&docs).await;
+    fx.to_reconcile().await;
+    let e = Expect::of(&fx, &docs);
+    let router = fx.router().await;
+    let tenant = |id: &str| tenant_of(docs.iter().find(|d| id_of(d) == id).unwrap()).to_owned();
+    let s3 = loc("s3", COLLECTION);
+    let altered = e.moving(&s1_source(), &s3, |_| true);
+    fx.alter_copy(&s3, &altered).await;
+
+    for id in e.moved.keys().take(20).chain([&altered]) {
+        router.get(tenant(id), id.as_str()).await.unwrap().unwrap();
+    }
+    // Several heartbeats: whatever was counted has been reported by now.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let shown = fx.shadow_status().await;
+    assert_eq!(shown["percent"], 0.0, "{shown:#}");
+    assert_eq!(shown["readsCompared"], 0, "{shown:#}");
+    assert_eq!(shown["mismatches"], 0, "{shown:#}");
+    assert_eq!(shown["openMismatches"], 0, "{shown:#}");
+    let routers = fx.cli(&["--output", "json", "routers", "list"]).await;
+    routers.expect_code(0, "routers list");
+    let routers = routers.json();
+    let stats = &routers.as_array().unwrap()[0]["stats"]["shadow"];
+    assert_eq!(stats["compared"], 0, "{routers:#}");
+
+    fx.configure(&["--shadow-reads", "100"]).await;
+    let store = fx.store.clone();
+    let m = fx.migration;
+    eventually(
+        "the router to follow the setting and report the altered copy",
+        || {
+            let (router, store, tenant, altered) = (&router, &store, &tenant, &altered);
+            async move {
+                router.get(tenant(altered), altered.as_str()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                store.shadow_mismatches(m, true).await.unwrap().len() == 1
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        router.snapshot().await.epoch,
+        fx.epoch().await,
+        "no new epoch was needed"
+    );
+    router.shutdown().await;
 }

@@ -137,6 +137,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             max_misplaced,
             cleanup_waves,
             drop_empty_source,
+            shadow_reads,
             reason,
         } => {
             let waves = match cleanup_waves {
@@ -168,6 +169,9 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                         if let Some(v) = drop_empty_source {
                             s.drop_empty_source = v;
                         }
+                        if let Some(v) = shadow_reads {
+                            s.shadow_read_percent = v;
+                        }
                     },
                     &ctx.actor,
                     reason.as_deref(),
@@ -181,6 +185,10 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                     ("max misplaced", after.max_misplaced.to_string()),
                     ("cleanup waves", format!("{:?} %", after.cleanup_waves)),
                     ("drop empty source", after.drop_empty_source.to_string()),
+                    (
+                        "shadow reads",
+                        format!("{} % of reads", after.shadow_read_percent),
+                    ),
                 ])
             })
         }

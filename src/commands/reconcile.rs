@@ -12,7 +12,7 @@ use crate::driver::{self, Driver};
 use crate::error::{Error, Result};
 use crate::identity;
 use crate::output;
-use crate::reconcile::{ReconcileOptions, Stratify};
+use crate::reconcile::{ReconcileOptions, ShadowRepair, Stratify};
 
 pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
     if let Some(ReconcileCommand::Show { id, run }) = args.command {
@@ -142,27 +142,61 @@ fn print_run(
 pub async fn repair(ctx: &Ctx, id: i64, run: Option<i64>) -> Result<()> {
     let outcome = driver::reconcile::repair(&driver(ctx), id, run).await?;
     let (done, left) = (&outcome.done, &outcome.still_wrong);
+    let shadow: Vec<_> = outcome
+        .shadow
+        .iter()
+        .map(|(doc, r)| match r {
+            ShadowRepair::Repaired(what) => {
+                json!({ "_id": doc, "resolution": "repaired", "action": what })
+            }
+            ShadowRepair::Superseded(why) => {
+                json!({ "_id": doc, "resolution": "superseded", "why": why })
+            }
+            ShadowRepair::StillWrong(fields) => {
+                json!({ "_id": doc, "resolution": "still_wrong", "fields": fields })
+            }
+        })
+        .collect();
     let value = json!({
         "run": outcome.run,
         "repaired": done.iter().map(|(f, w)| json!({ "finding": f, "action": w })).collect::<Vec<_>>(),
         "still_wrong": left,
+        "shadow_mismatches": shadow,
     });
     output::emit(ctx.output, &value, || {
         for (f, w) in done {
             println!("finding {f}: {w}");
         }
+        for (doc, r) in &outcome.shadow {
+            match r {
+                ShadowRepair::Repaired(what) => {
+                    println!("shadow mismatch {doc}: repaired ({what})")
+                }
+                ShadowRepair::Superseded(why) => {
+                    println!("shadow mismatch {doc}: superseded ({})", why.as_str())
+                }
+                ShadowRepair::StillWrong(fields) => {
+                    println!(
+                        "shadow mismatch {doc}: still differs in {}",
+                        fields.join(", ")
+                    )
+                }
+            }
+        }
         println!(
-            "{} finding(s) handled, {} still wrong; run `reshard reconcile {id}` for a new verdict",
+            "{} finding(s) and {} shadow read mismatch(es) handled, {} still wrong; run \
+             `reshard reconcile {id}` for a new verdict",
             done.len(),
-            left.len()
+            outcome.shadow.len(),
+            outcome.still_wrong_count()
         );
     })?;
-    if left.is_empty() {
+    let still_wrong = outcome.still_wrong_count();
+    if still_wrong == 0 {
         Ok(())
     } else {
         Err(Error::failed(format!(
-            "{} document(s) are still wrong after repair",
-            left.len()
+            "{still_wrong} document(s) are still wrong after repair"
         )))
     }
 }

@@ -20,6 +20,9 @@ use crate::store::events::EventKind;
 use crate::store::partitions::{Partition, PartitionState, Task, TaskTotals};
 use crate::store::workers::WorkerRow;
 
+/// At most this many open shadow-read mismatches are listed.
+const SHOWN_MISMATCHES: usize = 20;
+
 /// Per source location, summed over its partitions.
 #[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -56,6 +59,9 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
     let workers = ctx.store.workers(id).await?;
     let open_dead_letters = ctx.store.dead_letters(id, false).await?.len();
     let bypasses = ctx.store.bypass_summary(id).await?;
+    let shadow = ctx.store.shadow_totals(id).await?;
+    let mut open_mismatches = ctx.store.shadow_mismatches(id, true).await?;
+    open_mismatches.truncate(SHOWN_MISMATCHES);
     let events = ctx.store.events(id).await?;
     let capacity: Vec<_> = events
         .iter()
@@ -199,6 +205,14 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
                 "eventsSeen": w.events_seen,
                 "caughtUpAt": w.caught_up_at,
             })).collect::<Vec<_>>(),
+        },
+        "shadowReads": {
+            "percent": settings.shadow_read_percent,
+            "readsCompared": shadow.compared,
+            "mismatches": shadow.mismatches,
+            "openMismatches": shadow.open,
+            "resolvedMismatches": shadow.resolved,
+            "open": open_mismatches,
         },
         "workers": live,
         "activeTask": active_task(m.phase()),
@@ -437,6 +451,49 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
         ("capacity signals", t["capacitySignals"].to_string()),
         ("bypasses", bypass_text(&v["bypasses"])),
     ]);
+    let sh = &v["shadowReads"];
+    let compared = sh["readsCompared"].as_i64().unwrap_or(0);
+    let percent = sh["percent"].as_f64().unwrap_or(0.0);
+    if percent > 0.0 || compared > 0 || sh["openMismatches"].as_i64().unwrap_or(0) > 0 {
+        output::fields(&[(
+            "shadow reads",
+            format!(
+                "{percent}% of reads; {compared} compared, {} mismatches ({} documents open, {} \
+                 resolved)",
+                sh["mismatches"], sh["openMismatches"], sh["resolvedMismatches"]
+            ),
+        )]);
+    }
+    if let Some(open) = sh["open"].as_array().filter(|o| !o.is_empty()) {
+        output::table(
+            &[
+                "shadow mismatch _id",
+                "source",
+                "target",
+                "fields",
+                "reads",
+                "last seen",
+            ],
+            open.iter().map(|m| {
+                [
+                    m["_id"].as_str().unwrap_or("").to_owned(),
+                    m["source_location"].as_str().unwrap_or("").to_owned(),
+                    m["target_location"].as_str().unwrap_or("").to_owned(),
+                    m["fields"]
+                        .as_array()
+                        .map(|f| {
+                            f.iter()
+                                .filter_map(|x| x.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        })
+                        .unwrap_or_default(),
+                    m["reports"].to_string(),
+                    m["last_seen_at"].as_str().unwrap_or("").to_owned(),
+                ]
+            }),
+        );
+    }
     let c = &v["cleanup"];
     if c["partitions"].as_i64().unwrap_or(0) > 0 {
         output::fields(&[(

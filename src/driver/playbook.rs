@@ -837,6 +837,15 @@ async fn reconcile(driver: &Driver, pb: &Playbook, id: i64, r: &Reconcile) -> Re
             json!({ "run": outcome.run.id, "passed": outcome.passed, "findings": outcome.found }),
         );
         if outcome.passed {
+            // Shadow reads' mismatches hold the gate shut too: a step that repairs repairs them.
+            if r.repair && !driver.store.shadow_mismatches(id, true).await?.is_empty() {
+                let repaired = super::reconcile::repair(driver, id, Some(outcome.run.id)).await?;
+                driver.progress().note(&format!(
+                    "repaired {} shadow read mismatch(es), {} still wrong",
+                    repaired.shadow.len(),
+                    repaired.still_wrong_count()
+                ));
+            }
             return Ok(json!({ "runs": runs }));
         }
         if r.repair && attempt < r.attempts {

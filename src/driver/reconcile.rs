@@ -49,11 +49,27 @@ pub struct RunOutcome {
 /// What repair did.
 #[derive(Clone, Debug)]
 pub struct RepairOutcome {
-    pub run: i64,
+    /// The run whose findings were repaired; `None` when the migration has no finished run
+    /// (only shadow reads' mismatches were repaired).
+    pub run: Option<i64>,
     /// Per finding: what was done.
     pub done: Vec<(i64, String)>,
     /// Findings still wrong after the repair.
     pub still_wrong: Vec<NewFinding>,
+    /// Per open shadow-read mismatch: its `_id` (as text) and how it ended.
+    pub shadow: Vec<(String, reconcile::ShadowRepair)>,
+}
+
+impl RepairOutcome {
+    /// Whatever is still wrong: findings and shadow-read mismatches.
+    pub fn still_wrong_count(&self) -> usize {
+        self.still_wrong.len()
+            + self
+                .shadow
+                .iter()
+                .filter(|(_, r)| matches!(r, reconcile::ShadowRepair::StillWrong(_)))
+                .count()
+    }
 }
 
 fn failed(e: ReadError) -> Error {
@@ -263,12 +279,50 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
     })
 }
 
-/// Repairs what run `run` (default: the latest) of migration `id` found, then checks the
-/// repaired documents again.
+/// Repairs what run `run` (default: the latest) of migration `id` found and the open
+/// mismatches of shadow reads, then checks the repaired documents again. Without a finished
+/// run (and none asked for), only the shadow reads' mismatches are repaired.
 pub async fn repair(driver: &Driver, id: i64, run: Option<i64>) -> Result<RepairOutcome> {
     let m = driver.store.migration(id).await?;
     check_phase(&m)?;
-    let run = driver.store.reconciliation_run(id, run).await?;
+    let mismatches = driver.store.shadow_mismatches(id, true).await?;
+    let run = match driver.store.reconciliation_run(id, run).await {
+        Ok(r) => Some(r),
+        Err(crate::store::StoreError::NotFound(_)) if run.is_none() && !mismatches.is_empty() => {
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let (scene, _) = scene(driver, &m).await?;
+    let mut shadow = Vec::new();
+    for mismatch in &mismatches {
+        let result = reconcile::repair_shadow_mismatch(&scene, m.epoch, mismatch)
+            .await
+            .map_err(failed)?;
+        let resolution = match &result {
+            reconcile::ShadowRepair::Repaired(what) => Some(format!("repaired: {what}")),
+            reconcile::ShadowRepair::Superseded(why) => {
+                Some(format!("superseded: {}", why.as_str()))
+            }
+            reconcile::ShadowRepair::StillWrong(_) => None,
+        };
+        if let Some(resolution) = resolution {
+            driver
+                .store
+                .resolve_shadow_mismatch(mismatch.id, &resolution)
+                .await?;
+        }
+        shadow.push((mismatch.doc_id_text.clone(), result));
+    }
+    let Some(run) = run else {
+        record_repair(driver, id, None, 0, 0, &shadow).await?;
+        return Ok(RepairOutcome {
+            run: None,
+            done: Vec::new(),
+            still_wrong: Vec::new(),
+            shadow,
+        });
+    };
     let findings: Vec<_> = driver
         .store
         .findings(run.id)
@@ -276,7 +330,6 @@ pub async fn repair(driver: &Driver, id: i64, run: Option<i64>) -> Result<Repair
         .into_iter()
         .filter(|f| f.repaired_at.is_none() && f.doc_id.is_some())
         .collect();
-    let (scene, _) = scene(driver, &m).await?;
     let done = reconcile::repair(&scene, m.epoch, &findings)
         .await
         .map_err(failed)?;
@@ -288,6 +341,28 @@ pub async fn repair(driver: &Driver, id: i64, run: Option<i64>) -> Result<Repair
     let (left, _) = reconcile::recheck(&scene, &partitions, new)
         .await
         .map_err(failed)?;
+    record_repair(driver, id, Some(run.id), done.len(), left.len(), &shadow).await?;
+    Ok(RepairOutcome {
+        run: Some(run.id),
+        done,
+        still_wrong: left,
+        shadow,
+    })
+}
+
+/// The `repaired` event: what a repair did to a run's findings and to shadow mismatches.
+async fn record_repair(
+    driver: &Driver,
+    id: i64,
+    run: Option<i64>,
+    repaired: usize,
+    still_wrong: usize,
+    shadow: &[(String, reconcile::ShadowRepair)],
+) -> Result<()> {
+    let shadow_left = shadow
+        .iter()
+        .filter(|(_, r)| matches!(r, reconcile::ShadowRepair::StillWrong(_)))
+        .count();
     driver
         .store
         .record_event(
@@ -295,13 +370,15 @@ pub async fn repair(driver: &Driver, id: i64, run: Option<i64>) -> Result<Repair
             &driver.actor,
             &NewEvent::new(
                 EventKind::Repaired,
-                json!({ "run": run.id, "repaired": done.len(), "still_wrong": left.len() }),
+                json!({
+                    "run": run,
+                    "repaired": repaired,
+                    "still_wrong": still_wrong,
+                    "shadow_mismatches": shadow.len(),
+                    "shadow_still_wrong": shadow_left,
+                }),
             ),
         )
         .await?;
-    Ok(RepairOutcome {
-        run: run.id,
-        done,
-        still_wrong: left,
-    })
+    Ok(())
 }

@@ -55,6 +55,7 @@
 
 mod exec;
 mod list;
+mod shadow;
 mod stats;
 
 use std::sync::{Arc, Mutex};
@@ -109,6 +110,9 @@ pub struct RouterConfig {
     /// Called before every protocol step, with the step's name and side. Tests use it to force
     /// an interleaving (run another actor between two steps); production leaves it `None`.
     pub step_hook: Option<StepHook>,
+    /// The most shadow reads (the migration's `shadow_read_percent`) in flight at once; a
+    /// sampled read beyond them is skipped, not queued.
+    pub shadow_reads_in_flight: usize,
 }
 
 /// See [`RouterConfig::step_hook`].
@@ -142,6 +146,7 @@ impl RouterConfig {
             max_page_size: 1000,
             list_parallelism: 8,
             step_hook: None,
+            shadow_reads_in_flight: 8,
         }
     }
 }
@@ -203,6 +208,9 @@ pub struct Snapshot {
     pub phase: Phase,
     /// A rolled-back migration that was sealed: deletes leave no source tombstone.
     pub sealed: bool,
+    /// The migration's share of reads shadowed when the snapshot was loaded (routers follow
+    /// changes of it with every poll, without a new epoch).
+    pub shadow_read_percent: f64,
     pub source: Arc<RoutingVersion>,
     pub target: Arc<RoutingVersion>,
 }
@@ -215,6 +223,7 @@ impl Snapshot {
                 epoch: m.epoch,
                 phase: m.phase(),
                 sealed: m.sealed_at.is_some(),
+                shadow_read_percent: shadow_read_percent(&m),
                 source: Arc::new(
                     store
                         .version(collection, Some(m.from_version))
@@ -231,6 +240,7 @@ impl Snapshot {
                     epoch: 0,
                     phase: Phase::Completed,
                     sealed: false,
+                    shadow_read_percent: 0.0,
                     source: v.clone(),
                     target: v,
                 })
@@ -241,6 +251,13 @@ impl Snapshot {
     fn same_epoch(&self, other: &Snapshot) -> bool {
         self.migration_id == other.migration_id && self.epoch == other.epoch
     }
+}
+
+/// The migration's `shadow_read_percent` (0 when its settings cannot be read).
+fn shadow_read_percent(m: &crate::store::migrations::Migration) -> f64 {
+    crate::settings::MigrationSettings::from_json(&m.settings)
+        .map(|s| s.shadow_read_percent)
+        .unwrap_or(0.0)
 }
 
 pub(crate) struct Inner {
@@ -260,6 +277,8 @@ pub(crate) struct Inner {
     /// Wakes the follower (the lease lapsed: load the phase again).
     reload_now: Notify,
     stats: Mutex<OperationStats>,
+    /// Shadow reads: the share, the bound on tasks in flight, the counts.
+    shadow: shadow::ShadowReads,
     /// Set by [`Router::shutdown`]: operations that have not taken the snapshot yet refuse.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -344,6 +363,8 @@ impl Router {
         }
         crate::telemetry::router_applies(collection, snapshot.epoch, snapshot.phase.as_str(), None);
         let (epochs, _) = watch::channel((snapshot.migration_id, snapshot.epoch));
+        let shadow =
+            shadow::ShadowReads::new(snapshot.shadow_read_percent, config.shadow_reads_in_flight);
         let inner = Arc::new(Inner {
             store,
             collection: collection.to_owned(),
@@ -360,6 +381,7 @@ impl Router {
             beat_now: Notify::new(),
             reload_now: Notify::new(),
             stats: Mutex::new(OperationStats::default()),
+            shadow,
             closed: std::sync::atomic::AtomicBool::new(false),
         });
         // Acknowledge the epoch we start with at once.
@@ -421,11 +443,14 @@ impl Router {
         id: impl Into<Bson>,
     ) -> Result<Option<Document>, RouterError> {
         let (tenant, id) = (tenant.into(), id.into());
-        let outcome = self.run("get", &tenant, &id, Operation::Get).await?;
-        Ok(match outcome {
+        let (outcome, snapshot) = self.run_on("get", &tenant, &id, Operation::Get).await?;
+        let doc = match outcome {
             Outcome::Read(doc) => doc.map(crate::envelope::strip),
             other => unreachable_outcome("get", other),
-        })
+        };
+        // The application has its answer; a shadow read (when sampled) runs in a task.
+        shadow::after_get(&self.inner, snapshot, tenant, id);
+        Ok(doc)
     }
 
     /// Inserts a new document; [`RouterError::DuplicateId`] when the id exists in either layout.
@@ -546,6 +571,17 @@ impl Router {
         id: &Bson,
         op: Operation<Document, Document>,
     ) -> Result<Outcome<Document>, RouterError> {
+        Ok(self.run_on(name, tenant, id, op).await?.0)
+    }
+
+    /// [`Router::run`], with the snapshot the operation ran on.
+    async fn run_on(
+        &self,
+        name: &'static str,
+        tenant: &Bson,
+        id: &Bson,
+        op: Operation<Document, Document>,
+    ) -> Result<(Outcome<Document>, Arc<Snapshot>), RouterError> {
         let started = Instant::now();
         let result = self.run_held(tenant, id, op).await;
         self.inner.record(name, started, result.is_ok()).await;
@@ -557,14 +593,14 @@ impl Router {
         tenant: &Bson,
         id: &Bson,
         op: Operation<Document, Document>,
-    ) -> Result<Outcome<Document>, RouterError> {
+    ) -> Result<(Outcome<Document>, Arc<Snapshot>), RouterError> {
         let tenant_key = KeyValue::from_bson(tenant)?;
         let id_key = KeyValue::from_bson(id)?;
         let deadline = tokio::time::Instant::now() + self.inner.config.hold_timeout;
         let mut epochs = self.inner.epochs.subscribe();
         loop {
             self.inner.check_lease()?;
-            let outcome = {
+            let (outcome, snapshot) = {
                 let snapshot = self.inner.snapshot.read().await;
                 self.inner.check_open()?;
                 let keys = exec::Keys {
@@ -573,10 +609,12 @@ impl Router {
                     tenant_key: &tenant_key,
                     id_key: &id_key,
                 };
-                exec::run_operation(&self.inner, &snapshot, &keys, op.clone()).await?
+                let outcome =
+                    exec::run_operation(&self.inner, &snapshot, &keys, op.clone()).await?;
+                (outcome, Arc::clone(&*snapshot))
             };
             if outcome != Outcome::Held {
-                return Ok(outcome);
+                return Ok((outcome, snapshot));
             }
             epochs.borrow_and_update();
             if tokio::time::timeout_at(deadline, epochs.changed())
@@ -643,7 +681,8 @@ impl Inner {
     async fn heartbeat(&self) {
         let started = Instant::now();
         let (migration_id, epoch) = *self.epochs.borrow();
-        let stats = self.stats.lock().expect("stats lock").take_report();
+        let mut stats = self.stats.lock().expect("stats lock").take_report();
+        stats["shadow"] = self.shadow.report();
         let beat = Heartbeat {
             migration_id,
             acked_epoch: migration_id.map(|_| epoch),
@@ -687,12 +726,17 @@ impl Inner {
                 return;
             }
         };
-        let mut lease = self.lease.lock().expect("lease lock");
+        {
+            let mut lease = self.lease.lock().expect("lease lock");
+            if renewal == Renewal::Lapsed {
+                // The driver may have counted this router out and moved on: serve again only
+                // once the phase was loaded after this renewal.
+                lease.lapses += 1;
+            } else if lease.loaded >= lease.lapses {
+                lease.valid_until = started + self.config.lease_ttl;
+            }
+        }
         if renewal == Renewal::Lapsed {
-            // The driver may have counted this router out and moved on: serve again only once
-            // the phase was loaded after this renewal.
-            lease.lapses += 1;
-            drop(lease);
             tracing::warn!(
                 router = %self.config.name,
                 "the lease had lapsed; loading the phase again before serving"
@@ -700,9 +744,8 @@ impl Inner {
             self.reload_now.notify_one();
             return;
         }
-        if lease.loaded >= lease.lapses {
-            lease.valid_until = started + self.config.lease_ttl;
-        }
+        // The store answered: store the shadow-read counts too (when they changed).
+        self.shadow.store_counts(self).await;
     }
 
     /// Loads the state and, when the epoch changed, drains and switches.
@@ -739,6 +782,9 @@ impl Inner {
             Ok(m) => m,
             Err(e) => return warn(e),
         };
+        // Settings change without a new epoch: the share of shadow reads follows every poll.
+        self.shadow
+            .set_percent(active.as_ref().map_or(0.0, shadow_read_percent));
         let current = self.snapshot.read().await.clone();
         let key = (active.as_ref().map(|m| m.id), active.map_or(0, |m| m.epoch));
         if key == (current.migration_id, current.epoch) {

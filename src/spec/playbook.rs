@@ -168,6 +168,11 @@ pub struct SettingsDoc {
     /// Drop a source collection cleanup emptied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drop_empty_source: Option<bool>,
+    /// Shadow reads: the percentage of reads routers also compare with the other side, in
+    /// `dual_read` through `reconcile` (default 0: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub shadow_read_percent: Option<f64>,
 }
 
 /// The capacity planner's inputs.
@@ -1381,6 +1386,9 @@ fn settings(doc: &SettingsDoc, problems: &mut Problems) -> Option<MigrationSetti
     if let Some(v) = doc.drop_empty_source {
         s.drop_empty_source = v;
     }
+    if let Some(v) = doc.shadow_read_percent {
+        s.shadow_read_percent = v;
+    }
     let found = s.problems();
     for p in &found {
         let (field, message) = p.split_once(": ").unwrap_or(("", p));
@@ -1458,6 +1466,28 @@ target:
         assert!(all.contains("exactly one kind"), "{all}");
         // Located: the line of the offending step.
         assert!(errors.iter().all(|e| e.line.is_some()), "{all}");
+    }
+
+    #[test]
+    fn shadow_reads_are_a_setting_of_the_playbook() {
+        let text = format!("{MINIMAL}settings: {{shadow_read_percent: 10}}\n");
+        let p = parse_playbook("p.yaml", &text).unwrap();
+        assert_eq!(p.settings.shadow_read_percent, 10.0);
+        assert_eq!(
+            parse_playbook("p.yaml", MINIMAL)
+                .unwrap()
+                .settings
+                .shadow_read_percent,
+            0.0
+        );
+        let text = format!("{MINIMAL}settings: {{shadow_read_percent: 150}}\n");
+        let all: Vec<String> = parse_playbook("p.yaml", &text)
+            .unwrap_err()
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        let all = all.join("\n");
+        assert!(all.contains("settings.shadow_read_percent: 150"), "{all}");
     }
 
     #[test]

@@ -86,7 +86,25 @@ pub(super) async fn check(
                     "no passing reconciliation run since the backfill ended (`reshard reconcile {}`)",
                     migration.id
                 )),
+            }?;
+            // Shadow reads saw pristine copies that differ from their source documents: each
+            // is a defect until repaired (or superseded by the application's write).
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM shadow_mismatches
+                 WHERE migration_id = $1 AND resolved_at IS NULL",
+            )
+            .bind(migration.id)
+            .fetch_one(&mut *conn)
+            .await?;
+            if open > 0 {
+                return closed(format!(
+                    "{open} shadow read mismatch(es) are unresolved: pristine copies in the \
+                     target that differ from their source documents (`reshard migration status \
+                     {id}` lists them; `reshard repair {id}` copies them again)",
+                    id = migration.id
+                ));
             }
+            Ok(())
         }
         Gate::CleanupComplete => {
             if migration.cleanup_planned_at.is_none() {

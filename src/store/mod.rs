@@ -1,7 +1,7 @@
 //! The state store: every SQL statement of reshard lives in this module tree.
 //!
 //! Postgres holds the truth about shards, routing versions, migrations and their phases,
-//! routers, partitions, dead letters and reconciliation runs. `NOTIFY` is a nudge for listeners;
+//! routers, partitions, dead letters, reconciliation runs and shadow-read mismatches. `NOTIFY` is a nudge for listeners;
 //! the rows are what they act on.
 
 pub mod bypasses;
@@ -12,6 +12,7 @@ pub mod partitions;
 pub mod playbooks;
 pub mod reconcile;
 pub mod routers;
+pub mod shadow;
 pub mod shards;
 pub mod versions;
 pub mod workers;
