@@ -12,6 +12,7 @@ mod commands;
 pub mod copy;
 pub mod disposition;
 pub mod driver;
+pub mod duration;
 pub mod envelope;
 pub mod error;
 pub mod finish;

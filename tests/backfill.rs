@@ -722,13 +722,13 @@ async fn a_killed_worker_is_taken_over_from_its_checkpoints() {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"))
         .env("RESHARD_DATABASE_URL", fx.pg.url())
         .env("RESHARD_LOG", "info")
-        .args(["worker", "--migration", &fx.migration.to_string()])
+        .args(["worker", &fx.migration.to_string()])
         .args([
             "--concurrency",
             "2",
             "--exit-when-done",
-            "--lease-ttl-secs",
-            "3",
+            "--lease-ttl",
+            "3s",
         ])
         .args(["--name", "doomed"])
         .stdin(Stdio::null())
