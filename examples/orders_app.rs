@@ -6,7 +6,7 @@
 //! moves through its phases, then check the ledger against the final state:
 //!
 //! ```sh
-//! cargo run --example orders_app -- --database-url $URL --seconds 30 --ledger /tmp/orders.jsonl
+//! cargo run --example orders_app -- --database-url $URL --duration 30s --ledger /tmp/orders.jsonl
 //! cargo run --example orders_app -- --database-url $URL --check --ledger /tmp/orders.jsonl
 //! ```
 //!
@@ -36,9 +36,9 @@ struct Args {
     database_url: String,
     #[arg(long, default_value = "orders")]
     collection: String,
-    /// How long to run the workload.
-    #[arg(long, default_value_t = 30)]
-    seconds: u64,
+    /// How long to run the workload (`30s`, `10m`).
+    #[arg(long, default_value = "30s", value_parser = reshard::duration::parse)]
+    duration: Duration,
     /// Operations per second across all workers.
     #[arg(long, default_value_t = 200)]
     rate: u32,
@@ -68,19 +68,19 @@ struct Args {
     hot_share: Option<f64>,
     /// Instead of the workload: put this many existing orders where the collection's current
     /// version places them (written directly, as data from before reshard), `createdAt` spread
-    /// over the last `--seed-window-secs`.
+    /// over the last `--seed-window`.
     #[arg(long)]
     seed_orders: Option<u64>,
-    #[arg(long, default_value_t = 600)]
-    seed_window_secs: u64,
+    #[arg(long, default_value = "10m", value_parser = reshard::duration::parse)]
+    seed_window: Duration,
     /// Instead of the workload: print, per shard, the orders it holds and those created in
-    /// the last SECONDS (the insert load it takes), as JSON.
-    #[arg(long, value_name = "SECONDS")]
-    shard_load: Option<u64>,
-    /// The router's lease in seconds (default: the library's ten minutes). A short lease lets
-    /// a driver count a killed instance out quickly (fault tests).
-    #[arg(long)]
-    router_lease_secs: Option<u64>,
+    /// the last WINDOW (`10m`; the insert load it takes), as JSON.
+    #[arg(long, value_name = "WINDOW", value_parser = reshard::duration::parse)]
+    shard_load: Option<Duration>,
+    /// The router's lease (default: the library's ten minutes). A short lease lets a driver
+    /// count a killed instance out quickly (fault tests).
+    #[arg(long, value_parser = reshard::duration::parse)]
+    router_lease: Option<Duration>,
     /// The prefix of this instance's order ids (`<prefix><worker>-<n>`): instances that run
     /// one after another on one collection need different prefixes.
     #[arg(long, default_value = "w")]
@@ -441,7 +441,7 @@ async fn seed_orders(args: &Args, n: u64) -> Result<bool, Box<dyn std::error::Er
     let zipf = Zipf::new(args.tenants.max(1), args.zipf);
     let mut rng = StdRng::seed_from_u64(args.seed.unwrap_or(7));
     let now = mongodb::bson::DateTime::now().timestamp_millis();
-    let window = (args.seed_window_secs * 1000).max(1) as i64;
+    let window = (args.seed_window.as_millis() as i64).max(1);
     let mut batches: HashMap<reshard::routing::Location, Vec<Document>> = HashMap::new();
     let mut written = 0_u64;
     let started = Instant::now();
@@ -482,13 +482,13 @@ async fn seed_orders(args: &Args, n: u64) -> Result<bool, Box<dyn std::error::Er
     Ok(true)
 }
 
-/// Per shard: the orders it holds (tombstones aside) and those created in the last `secs`.
-async fn shard_load(args: &Args, secs: u64) -> Result<bool, Box<dyn std::error::Error>> {
+/// Per shard: the orders it holds (tombstones aside) and those created in the last `window`.
+async fn shard_load(args: &Args, window: Duration) -> Result<bool, Box<dyn std::error::Error>> {
     let store = reshard::store::Store::connect(&args.database_url).await?;
     let registered = store.shards().await?;
     let shards = reshard::shards::Shards::connect(&registered, false).await?;
     let since = mongodb::bson::DateTime::from_millis(
-        mongodb::bson::DateTime::now().timestamp_millis() - (secs * 1000) as i64,
+        mongodb::bson::DateTime::now().timestamp_millis() - window.as_millis() as i64,
     );
     let live = doc! { "_reshard.deleted": { "$ne": true } };
     let mut out = serde_json::Map::new();
@@ -510,7 +510,7 @@ async fn shard_load(args: &Args, secs: u64) -> Result<bool, Box<dyn std::error::
             json!({
                 "documents": documents,
                 "inserted_recently": recent,
-                "inserts_per_sec": recent as f64 / secs.max(1) as f64,
+                "inserts_per_sec": recent as f64 / window.as_secs_f64().max(1.0),
             }),
         );
     }
@@ -528,13 +528,13 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     if let Some(n) = args.seed_orders {
         return seed_orders(&args, n).await;
     }
-    if let Some(secs) = args.shard_load {
-        return shard_load(&args, secs).await;
+    if let Some(window) = args.shard_load {
+        return shard_load(&args, window).await;
     }
     let mut config = RouterConfig::named("orders-app");
     config.heartbeat_interval = Duration::from_millis(500);
-    if let Some(secs) = args.router_lease_secs {
-        config.lease_ttl = Duration::from_secs(secs);
+    if let Some(lease) = args.router_lease {
+        config.lease_ttl = lease;
     }
     let router = Router::connect(&args.database_url, &args.collection, config).await?;
     if args.check {
@@ -571,7 +571,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let zipf = Arc::new(Zipf::new(args.tenants.max(1), args.zipf));
     let hot = args.hot_share;
     let list_percent = args.list_percent;
-    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let deadline = Instant::now() + args.duration;
     // SIGINT or SIGTERM end the workload early; the ledger is flushed as after a full run.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

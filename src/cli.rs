@@ -2,9 +2,11 @@
 //! `commands`, one module per noun.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use crate::driver::wait::Until;
 use crate::phase::Phase;
 
 const EXIT_CODES: &str = "\
@@ -171,16 +173,16 @@ pub struct ReconcileArgs {
     /// Partitions verified at once by this process (full runs).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
-    /// Seconds a verify partition's lease lasts without a heartbeat (full runs); another
-    /// process resumes it after that.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(2..=3600))]
-    pub lease_ttl_secs: u64,
+    /// How long a verify partition's lease lasts without a heartbeat (full runs; 2s to 1h);
+    /// another process resumes it after that.
+    #[arg(long, default_value = "30s", value_parser = parse_lease_ttl, value_name = "DURATION")]
+    pub lease_ttl: Duration,
     /// How samples are grouped.
     #[arg(long, value_enum, default_value_t = StratifyArg::Shard)]
     pub stratify: StratifyArg,
-    /// Milliseconds to wait before findings are checked again (a write in flight is no defect).
-    #[arg(long, default_value_t = 2_000)]
-    pub recheck_delay_ms: u64,
+    /// How long to wait before findings are checked again (a write in flight is no defect).
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub recheck_delay: Duration,
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
     /// (full runs).
     #[arg(long, value_name = "HOST:PORT")]
@@ -206,9 +208,18 @@ pub enum ReconcileCommand {
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
-    /// Work only on this migration (default: every migration in backfill).
-    #[arg(long)]
-    pub migration: Option<i64>,
+    /// Work only on this migration (default: every migration with work to do: backfill,
+    /// cleanup or the copy back of a rollback).
+    #[arg(value_name = "ID")]
+    pub id: Option<i64>,
+    /// The migration, as a flag (older scripts); the positional ID is the way to write it.
+    #[arg(
+        long = "migration",
+        value_name = "ID",
+        hide = true,
+        conflicts_with = "id"
+    )]
+    pub migration_flag: Option<i64>,
     /// Partitions worked on at once.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
@@ -216,15 +227,23 @@ pub struct WorkerArgs {
     /// of waiting for more work.
     #[arg(long)]
     pub exit_when_done: bool,
-    /// Seconds a lease lasts without a heartbeat; another worker takes over after that.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(2..=3600))]
-    pub lease_ttl_secs: u64,
+    /// How long a partition lease lasts without a heartbeat (2s to 1h); another worker takes
+    /// over after that.
+    #[arg(long, default_value = "30s", value_parser = parse_lease_ttl, value_name = "DURATION")]
+    pub lease_ttl: Duration,
     /// The worker's name in leases and status (default: host:pid).
     #[arg(long)]
     pub name: Option<String>,
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl WorkerArgs {
+    /// The migration to work on, however it was given.
+    pub fn migration(&self) -> Option<i64> {
+        self.id.or(self.migration_flag)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -243,15 +262,12 @@ pub enum ThrottleCommand {
         /// Documents per batch (1 to 100000).
         #[arg(long)]
         batch_size: Option<usize>,
-        /// A batch slower than this (milliseconds) halves the applied rate.
-        #[arg(long)]
-        target_batch_latency_ms: Option<u64>,
-        /// Overload lasting this long (seconds) is logged as a capacity signal.
-        #[arg(long)]
-        capacity_signal_after_secs: Option<u64>,
-        /// Partition size the planner aims at (used when the backfill is planned).
-        #[arg(long)]
-        documents_per_partition: Option<u64>,
+        /// A batch slower than this halves the applied rate (e.g. 200ms, 1s).
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        target_batch_latency: Option<Duration>,
+        /// Overload lasting this long is logged as a capacity signal (e.g. 30s).
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        capacity_signal_after: Option<Duration>,
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
@@ -444,13 +460,13 @@ pub enum MigrationCommand {
         #[arg(long)]
         reason: Option<String>,
         /// How long to wait for every live router to acknowledge a phase that changes router
-        /// behaviour, in seconds.
-        #[arg(long, default_value_t = 60)]
-        timeout: u64,
-        /// How long routers may take to acknowledge the write switch, in seconds; when it runs
-        /// out the migration goes back to dual_read and nothing was lost.
-        #[arg(long, default_value_t = 10)]
-        switch_timeout: u64,
+        /// behaviour.
+        #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+        timeout: Duration,
+        /// How long routers may take to acknowledge the write switch; when it runs out the
+        /// migration goes back to dual_read and nothing was lost.
+        #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+        switch_timeout: Duration,
     },
     /// Roll back: before new_writes back to planned (the target dropped); from new_writes to
     /// new_reads into reverting, where routers mirror writes to the source and workers copy
@@ -463,12 +479,12 @@ pub enum MigrationCommand {
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
-        /// How long to wait for routers to acknowledge, in seconds.
-        #[arg(long, default_value_t = 60)]
-        timeout: u64,
-        /// How long routers may take to acknowledge a write switch, in seconds.
-        #[arg(long, default_value_t = 10)]
-        switch_timeout: u64,
+        /// How long to wait for routers to acknowledge.
+        #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+        timeout: Duration,
+        /// How long routers may take to acknowledge a write switch.
+        #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+        switch_timeout: Duration,
     },
     /// Stop workers from taking new work; routers are unaffected.
     Pause {
@@ -484,7 +500,22 @@ pub enum MigrationCommand {
     },
     /// The migration's event log.
     History(MigrationId),
-    /// Gate thresholds, cleanup options and shadow reads stored with the migration.
+    /// Wait until the migration reaches a phase (or passes it on its path), or until a gate
+    /// would pass; progress goes to stderr. Exit 0 when reached, 1 on timeout or when the
+    /// migration ended elsewhere (e.g. rolled back while waiting for completed).
+    Wait {
+        id: i64,
+        /// A phase (planned, dual_read, ..., completed, reverting, revert_switch, rolled_back)
+        /// or a gate (routers_acknowledged, backfill_complete, reconciliation_passed,
+        /// cleanup_complete, revert_complete, bypasses_resolved).
+        #[arg(long, value_name = "PHASE|GATE", value_parser = parse_until)]
+        until: Until,
+        /// Give up after this long (default: wait until reached).
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        timeout: Option<Duration>,
+    },
+    /// Gate thresholds, cleanup options, shadow reads and the backfill's partition size stored
+    /// with the migration.
     Configure {
         id: i64,
         /// Missing documents a passing reconciliation run may find (default 0).
@@ -499,9 +530,16 @@ pub enum MigrationCommand {
         /// Cleanup waves as three cumulative percentages, e.g. 1,10,100.
         #[arg(long, value_delimiter = ',', num_args = 3)]
         cleanup_waves: Option<Vec<f64>>,
-        /// Drop source collections that cleanup emptied.
+        /// Drop source collections that cleanup emptied (when the migration completes).
+        #[arg(long, conflicts_with = "keep_empty_source")]
+        drop_empty_source: bool,
+        /// Keep source collections that cleanup emptied (the default).
         #[arg(long)]
-        drop_empty_source: Option<bool>,
+        keep_empty_source: bool,
+        /// Partition size the backfill's planner aims at; refused once the backfill is planned
+        /// (the partitions are cut by then).
+        #[arg(long)]
+        documents_per_partition: Option<u64>,
         /// Shadow reads: the percentage of reads (0 to 100) for which routers also read the
         /// other side off the application's latency path and compare, in dual_read through
         /// reconcile; mismatches hold the reconcile gate shut (default 0: off).
@@ -547,4 +585,22 @@ pub enum RouteCommand {
 
 fn parse_phase(s: &str) -> Result<Phase, String> {
     s.parse::<Phase>().map_err(|e| e.to_string())
+}
+
+/// A duration flag: humantime (`500ms`, `30s`, `5m`); a bare number is refused.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    crate::duration::parse(s)
+}
+
+/// A lease's length: 2 s to 1 h (shorter leases expire between heartbeats).
+fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
+    let d = crate::duration::parse(s)?;
+    if d < Duration::from_secs(2) || d > Duration::from_secs(3600) {
+        return Err(format!("{s:?} is outside the allowed range: from 2s to 1h"));
+    }
+    Ok(d)
+}
+
+fn parse_until(s: &str) -> Result<Until, String> {
+    Until::parse(s)
 }

@@ -12,6 +12,7 @@ mod commands;
 pub mod copy;
 pub mod disposition;
 pub mod driver;
+pub mod duration;
 pub mod envelope;
 pub mod error;
 pub mod finish;
@@ -45,7 +46,11 @@ pub use error::{Error, Result};
 
 /// Runs one command line to completion and returns its exit code (see [`error`]).
 pub async fn run(cli: Cli) -> ExitCode {
-    logging::init(cli.log_format);
+    let default_filter = match cli.command {
+        cli::Command::Worker(_) => logging::PROCESS_FILTER,
+        _ => logging::DEFAULT_FILTER,
+    };
+    logging::init(cli.log_format, default_filter);
     match commands::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -81,6 +81,15 @@ pub enum Gate {
 }
 
 impl Gate {
+    pub const ALL: [Gate; 6] = [
+        Gate::RoutersAcknowledged,
+        Gate::BackfillComplete,
+        Gate::ReconciliationPassed,
+        Gate::CleanupComplete,
+        Gate::RevertComplete,
+        Gate::BypassesResolved,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Gate::RoutersAcknowledged => "routers_acknowledged",
@@ -182,6 +191,26 @@ impl Phase {
         self.next().is_empty()
     }
 
+    /// Whether a migration in `self` has reached `wanted`, for those who wait for a phase:
+    /// reached or passed on its path (the forward path up to `completed`, or the rollback
+    /// path from `reverting` to `rolled_back`), or never to be reached, once it is on the
+    /// other path (rolled back while waiting for `completed`, say). A move back on the same
+    /// path (the write switch timing out) can only follow a phase at or before `wanted`, so
+    /// "passed" holds for good.
+    pub fn reached(self, wanted: Phase) -> Reached {
+        use Phase::*;
+        let rollback = |p: Phase| matches!(p, Reverting | RevertSwitch | RolledBack);
+        match (rollback(self), rollback(wanted)) {
+            (false, false) | (true, true) if self >= wanted => Reached::Yes,
+            (false, false) | (true, true) => Reached::NotYet,
+            // Nothing leads from the rollback path back to the forward one.
+            (true, false) => Reached::Never,
+            // A completed migration never rolls back; any other may still.
+            (false, true) if self == Completed => Reached::Never,
+            (false, true) => Reached::NotYet,
+        }
+    }
+
     /// Moves that undo progress rather than make it; allowed while a migration has failed.
     pub fn is_rollback_move(self, to: Phase) -> bool {
         matches!(
@@ -234,6 +263,15 @@ impl fmt::Display for Phase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The answer of [`Phase::reached`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reached {
+    Yes,
+    NotYet,
+    /// The migration is on the other path (or ended): the phase will not come.
+    Never,
 }
 
 /// A phase name that is not one of [`Phase::ALL`].
@@ -461,6 +499,31 @@ mod tests {
             paused: false,
             failure: None,
             sealed: false,
+        }
+    }
+
+    #[test]
+    fn waiting_for_a_phase_counts_reached_or_passed_on_its_path_and_gives_up_off_it() {
+        use Phase::*;
+        use Reached::*;
+        let cases = [
+            (DualRead, Backfill, NotYet),
+            (Backfill, Backfill, Yes),
+            (Cleanup, Backfill, Yes),
+            (Completed, Completed, Yes),
+            (Planned, Completed, NotYet),
+            // Rolled back, or rolling back, while waiting for the forward path.
+            (Reverting, Completed, Never),
+            (RolledBack, Backfill, Never),
+            // Waiting for the rollback path.
+            (NewReads, RolledBack, NotYet),
+            (Reverting, RolledBack, NotYet),
+            (RevertSwitch, Reverting, Yes),
+            (RolledBack, RolledBack, Yes),
+            (Completed, RolledBack, Never),
+        ];
+        for (now, wanted, expected) in cases {
+            assert_eq!(now.reached(wanted), expected, "{now} waiting for {wanted}");
         }
     }
 

@@ -27,7 +27,7 @@ use reshard::phase::{Action, Phase};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::settings::MigrationSettings;
 use reshard::store::events::EventKind;
-use reshard::store::partitions::{Partition, PartitionState, Task};
+use reshard::store::partitions::{Claim, Partition, PartitionState, Task};
 use reshard::store::{Store, StoreError};
 use serde_json::json;
 use support::{MongoServer, PgDb};
@@ -722,13 +722,13 @@ async fn a_killed_worker_is_taken_over_from_its_checkpoints() {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"))
         .env("RESHARD_DATABASE_URL", fx.pg.url())
         .env("RESHARD_LOG", "info")
-        .args(["worker", "--migration", &fx.migration.to_string()])
+        .args(["worker", &fx.migration.to_string()])
         .args([
             "--concurrency",
             "2",
             "--exit-when-done",
-            "--lease-ttl-secs",
-            "3",
+            "--lease-ttl",
+            "3s",
         ])
         .args(["--name", "doomed"])
         .stdin(Stdio::null())
@@ -1223,4 +1223,111 @@ async fn a_slow_target_shard_slows_only_the_copies_to_it() {
     check_scope(&partitions, &e);
     assert_eq!(sum(&partitions, |p| p.inserted), e.moved);
     verify_targets(&fx, &docs, &BTreeSet::new()).await;
+}
+
+/// `reshard worker ID --exit-when-done` at the default log level (no `RESHARD_LOG`) says what
+/// it claimed, took over (and from whom) and finished (with the ledger), and a progress line
+/// about every 10 s, and nothing per batch or per document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_logs_claims_takeovers_finishes_and_progress_at_the_default_level() {
+    let fx = Fixture::start(Layout::hot()).await;
+    let docs = make_docs(600, 30, 10, true);
+    seed(&fx, &docs).await;
+    let e = expect(&fx, &docs, &["s1"], &[HOT]);
+    let scanned = e.scanned();
+    // Slow enough for a progress line (about 14 s), in batches of 10 over about 8 partitions.
+    let rate = scanned as f64 / 14.0;
+    fx.settings(|s| {
+        s.max_docs_per_sec = rate;
+        s.batch_size = 10;
+        s.documents_per_partition = (scanned / 8).max(1);
+    })
+    .await;
+
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", fx.pg.url())
+        .env_remove("RESHARD_LOG")
+        .args(["worker", &fx.migration.to_string()])
+        .args(["--concurrency", "1", "--exit-when-done", "--name", "logger"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard(child);
+
+    // Once the worker planned, a worker that died holds one of the partitions still pending:
+    // its lease runs out and the worker takes it over.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ghost = Claim {
+        token: uuid::Uuid::new_v4(),
+        owner: "ghost".into(),
+        ttl: Duration::from_secs(1),
+        fence_margin: Duration::from_millis(200),
+    };
+    loop {
+        assert!(Instant::now() < deadline, "the worker planned nothing");
+        if !fx.partitions().await.is_empty() {
+            let held = fx
+                .store
+                .claim_partition(fx.migration, Task::Backfill, &ghost, None)
+                .await
+                .unwrap();
+            assert!(held.is_some(), "no partition left for the ghost to hold");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let status = tokio::task::spawn_blocking(move || child.0.wait().unwrap())
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    eprintln!("{text}");
+    assert!(status.success(), "{status}:\n{text}");
+    let partitions = fx.partitions().await;
+    assert!(partitions.iter().all(|p| p.state == PartitionState::Done));
+    check_ledgers(&partitions);
+
+    let lines = |what: &str| text.lines().filter(|l| l.contains(what)).count();
+    assert!(
+        text.lines()
+            .all(|l| !l.contains(" DEBUG ") && !l.contains(" TRACE ")),
+        "{text}"
+    );
+    let claimed = lines("partition claimed");
+    let taken_over = lines("partition taken over");
+    assert_eq!(claimed + taken_over, partitions.len(), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("partition taken over") && l.contains("from=ghost")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains("partition claimed")
+            && l.contains("location=s1/")
+            && l.contains("range=[")),
+        "{text}"
+    );
+    assert_eq!(lines("partition finished"), partitions.len(), "{text}");
+    assert!(
+        text.lines().any(|l| l.contains("partition finished")
+            && l.contains("scanned=")
+            && l.contains("inserted=")),
+        "{text}"
+    );
+    let progress: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" progress ") && l.contains("partitions_done="))
+        .collect();
+    assert!(!progress.is_empty(), "no progress line:\n{text}");
+    assert!(progress[0].contains("docs_per_sec="), "{text}");
+    // Nothing per batch: far fewer lines than batches.
+    let batches = scanned / 10;
+    assert!(
+        (text.lines().count() as u64) < batches / 2,
+        "{} lines for {batches} batches:\n{text}",
+        text.lines().count()
+    );
 }

@@ -351,9 +351,9 @@ fn start_app(env: &Env, prefix: &str, seed: u64) -> App {
     let child = env
         .command(&example_binary())
         .env("RESHARD_LOG", "warn")
-        .args(["--seconds", "100000", "--rate", "60", "--workers", "3"])
+        .args(["--duration", "100000s", "--rate", "60", "--workers", "3"])
         .args(["--list-percent", "2", "--hot-share", "0.3"])
-        .args(["--router-lease-secs", &ROUTER_LEASE_SECS.to_string()])
+        .args(["--router-lease", &format!("{ROUTER_LEASE_SECS}s")])
         .args(["--id-prefix", prefix, "--seed", &seed.to_string()])
         .arg("--ledger")
         .arg(&ledger)
@@ -399,7 +399,7 @@ impl Workers {
                         first = false;
                         let mut child = env
                             .reshard()
-                            .args(["worker", "--concurrency", "2", "--lease-ttl-secs", "5"])
+                            .args(["worker", "--concurrency", "2", "--lease-ttl", "5s"])
                             .args(["--name", &format!("campaign-w{slot}")])
                             .stdout(env.log(&format!("worker-{slot}.log")))
                             .stderr(env.log(&format!("worker-{slot}.log")))

@@ -341,7 +341,7 @@ async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier(
             "--to",
             "dual_read",
             "--timeout",
-            "1",
+            "1s",
         ],
     );
     assert_eq!(code(&out), 1, "{}", stderr(&out));
@@ -363,7 +363,7 @@ async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier(
             "--to",
             "write_switch",
             "--timeout",
-            "1",
+            "1s",
         ],
     );
     assert_eq!(code(&out), 1);
@@ -390,7 +390,7 @@ async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier(
             "--to",
             "write_switch",
             "--switch-timeout",
-            "1",
+            "1s",
         ],
     );
     assert_eq!(code(&out), 1, "{}", stderr(&out));
@@ -660,10 +660,39 @@ async fn throttle_set_is_logged_and_shown_and_status_reports_an_unplanned_backfi
     assert_eq!(change["reason"], "peak hours");
     assert_eq!(change["details"]["after"]["batch_size"], 250);
 
-    // The planner's partition size is part of the same settings; a bad value changes nothing.
+    // Durations are written with their unit, and stored as the settings' numbers.
+    let set = json(
+        &db,
+        &[
+            "throttle",
+            "set",
+            "1",
+            "--target-batch-latency",
+            "750ms",
+            "--capacity-signal-after",
+            "2m",
+        ],
+    );
+    assert_eq!(set["after"]["target_batch_latency_ms"], 750, "{set}");
+    assert_eq!(set["after"]["capacity_signal_after_secs"], 120, "{set}");
+    let shown = json(&db, &["throttle", "show", "1"]);
+
+    // The planner's partition size is configured with the migration, not the throttle; a bad
+    // value changes nothing.
     let out = reshard(
         &db,
-        &["throttle", "set", "1", "--documents-per-partition", "0"],
+        &["throttle", "set", "1", "--documents-per-partition", "5000"],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let out = reshard(
+        &db,
+        &[
+            "migration",
+            "configure",
+            "1",
+            "--documents-per-partition",
+            "0",
+        ],
     );
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("documents_per_partition: 0 is not allowed"));
@@ -681,4 +710,173 @@ async fn throttle_set_is_logged_and_shown_and_status_reports_an_unplanned_backfi
     let text = reshard(&db, &["migration", "status", "1"]);
     assert_eq!(code(&text), 0, "{}", stderr(&text));
     assert!(String::from_utf8_lossy(&text.stdout).contains("not planned yet"));
+}
+
+#[tokio::test]
+async fn migration_configure_sets_the_partition_size_until_the_backfill_is_planned_and_switches_empty_source_dropping(
+) {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let set = json(
+        &db,
+        &[
+            "migration",
+            "configure",
+            "1",
+            "--documents-per-partition",
+            "5000",
+            "--drop-empty-source",
+        ],
+    );
+    assert_eq!(set["after"]["documents_per_partition"], 5000, "{set}");
+    assert_eq!(set["after"]["drop_empty_source"], true, "{set}");
+    let set = json(&db, &["migration", "configure", "1", "--keep-empty-source"]);
+    assert_eq!(set["after"]["drop_empty_source"], false, "{set}");
+    // A bare `true` is no longer how it is written, and the two switches exclude each other.
+    let out = reshard(
+        &db,
+        &["migration", "configure", "1", "--drop-empty-source", "true"],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let out = reshard(
+        &db,
+        &[
+            "migration",
+            "configure",
+            "1",
+            "--drop-empty-source",
+            "--keep-empty-source",
+        ],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+
+    // Once the backfill is planned its partitions are cut: a new size is refused, saying why.
+    sqlx::query("UPDATE migrations SET backfill_planned_at = now() WHERE id = 1")
+        .execute(&db.pool().await)
+        .await
+        .unwrap();
+    let out = reshard(
+        &db,
+        &[
+            "migration",
+            "configure",
+            "1",
+            "--documents-per-partition",
+            "100",
+        ],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("backfill was planned at")
+            && stderr(&out).contains("its partitions are cut"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        json(&db, &["throttle", "show", "1"])["settings"]["documents_per_partition"],
+        5000
+    );
+}
+
+#[tokio::test]
+async fn migration_wait_returns_once_a_phase_is_reached_or_a_gate_would_pass_and_fails_otherwise() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let wait = |until: &str, timeout: &str| {
+        let mut args = vec!["migration", "wait", "1", "--until", until];
+        if !timeout.is_empty() {
+            args.extend(["--timeout", timeout]);
+        }
+        reshard(&db, &args)
+    };
+    // Reached already: at once.
+    let out = wait("planned", "5s");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("planned reached"));
+    // Not reached in time: exit 1, saying what it waited for and where the migration is.
+    let out = wait("dual_read", "2s");
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("migration 1 is in planned; waiting for dual_read")
+            && stderr(&out)
+                .contains("timed out after 2s waiting for migration 1 to reach dual_read"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A waiter started before the moves returns once they happen (reached or passed: the
+    // write switch goes on to new_writes at once).
+    let waiter = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", db.url())
+        .env_remove("DATABASE_URL")
+        .args([
+            "migration",
+            "wait",
+            "1",
+            "--until",
+            "write_switch",
+            "--timeout",
+            "2m",
+            "--output",
+            "json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    for phase in ["dual_read", "write_switch"] {
+        json(&db, &["migration", "advance", "1", "--to", phase]);
+    }
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let reached: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reached["reached"], true, "{reached}");
+    // It woke on the notification of write_switch, or saw the migration past it.
+    assert!(
+        reached["phase"] == "write_switch" || reached["phase"] == "new_writes",
+        "{reached}"
+    );
+    assert!(
+        stderr(&out).contains("waiting for write_switch"),
+        "{}",
+        stderr(&out)
+    );
+    // Passed counts as reached.
+    let out = wait("dual_read", "5s");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dual_read reached (phase new_writes)"));
+
+    // Gates: evaluated as a move would, without moving.
+    let out = wait("routers_acknowledged", "5s");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = wait("backfill_complete", "2s");
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("backfill_complete is closed: the backfill has not been planned"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        json(&db, &["migration", "show", "1"])["phase"],
+        "new_writes"
+    );
+
+    // Rolled back while waiting for completed: it never will be, so it says so at once.
+    json(&db, &["migration", "rollback", "1"]);
+    let out = wait("completed", "");
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("migration 1 is in reverting: it will not reach completed"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -265,8 +265,8 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
     let app = Command::new(example_binary())
         .env("RESHARD_DATABASE_URL", w.db.url())
         .args([
-            "--seconds",
-            &seconds.to_string(),
+            "--duration",
+            &format!("{seconds}s"),
             "--rate",
             "120",
             "--workers",
@@ -285,14 +285,7 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
     }
     let worker = Command::new(env!("CARGO_BIN_EXE_reshard"))
         .env("RESHARD_DATABASE_URL", w.db.url())
-        .args([
-            "worker",
-            "--migration",
-            &id,
-            "--exit-when-done",
-            "--lease-ttl-secs",
-            "5",
-        ])
+        .args(["worker", &id, "--exit-when-done", "--lease-ttl", "5s"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -434,8 +427,8 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
             "--full",
             "--concurrency",
             "1",
-            "--lease-ttl-secs",
-            "2",
+            "--lease-ttl",
+            "2s",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -487,8 +480,8 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
             &id,
             "--resume",
             &run.to_string(),
-            "--recheck-delay-ms",
-            "100",
+            "--recheck-delay",
+            "100ms",
         ],
     );
     let parts = w.store.verify_partitions(run).await.unwrap();

@@ -141,7 +141,7 @@ async fn scraped_worker_counters_match_the_partition_ledgers() {
         Command::new(env!("CARGO_BIN_EXE_reshard"))
             .env("RESHARD_DATABASE_URL", w.db.url())
             .env_remove("RESHARD_LOG")
-            .args(["worker", "--migration", &id, "--metrics-addr", &addr])
+            .args(["worker", &id, "--metrics-addr", &addr])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -293,7 +293,10 @@ fn readme_lists_every_metric_with_its_meaning() {
             .find(|l| l.starts_with(&row))
             .unwrap_or_else(|| panic!("README's metrics table has no row for {name}"));
         let meaning = line.trim_end_matches('|').rsplit('|').next().unwrap_or("");
-        assert!(meaning.trim().len() > 10, "{name} has no meaning in README: {line}");
+        assert!(
+            meaning.trim().len() > 10,
+            "{name} has no meaning in README: {line}"
+        );
     }
 }
 

@@ -64,8 +64,8 @@ async fn the_example_app_loses_nothing_through_the_phases_and_a_backfill() {
     let app = Command::new(example_binary())
         .env("RESHARD_DATABASE_URL", db.url())
         .args([
-            "--seconds",
-            &seconds.to_string(),
+            "--duration",
+            &format!("{seconds}s"),
             "--rate",
             "150",
             "--workers",
@@ -91,14 +91,7 @@ async fn the_example_app_loses_nothing_through_the_phases_and_a_backfill() {
     // The backfill: a real worker plans, copies and checkpoints while the app keeps writing.
     let worker = reshard(
         db,
-        &[
-            "worker",
-            "--migration",
-            &id,
-            "--exit-when-done",
-            "--lease-ttl-secs",
-            "5",
-        ],
+        &["worker", &id, "--exit-when-done", "--lease-ttl", "5s"],
     );
     assert!(
         worker.status.success(),
@@ -130,8 +123,8 @@ async fn the_example_app_loses_nothing_through_the_phases_and_a_backfill() {
             &id,
             "--sample",
             "50",
-            "--recheck-delay-ms",
-            "500",
+            "--recheck-delay",
+            "500ms",
         ],
     );
     assert!(

@@ -36,8 +36,8 @@ const COLLECTION: &str = "orders";
 /// The hot tenant; `v2.yaml` gives it 16 buckets.
 const HOT: &str = "cust-hot";
 const SHARDS: [&str; 4] = ["s1", "s2", "s3", "s4"];
-/// `--recheck-delay-ms` of the runs that are expected to find something.
-const RECHECK_MS: &str = "100";
+/// `--recheck-delay` of the runs that are expected to find something.
+const RECHECK_DELAY: &str = "100ms";
 const WORKER_TIMEOUT: Duration = Duration::from_secs(120);
 
 // ---------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ impl Fixture {
         }
     }
 
-    /// `reshard --output json reconcile ID --recheck-delay-ms 100 <extra>`.
+    /// `reshard --output json reconcile ID --recheck-delay 100ms <extra>`.
     async fn reconcile(&self, extra: &[&str]) -> CliOut {
         let id = self.migration.to_string();
         let mut args = vec![
@@ -269,8 +269,8 @@ impl Fixture {
             "json",
             "reconcile",
             &id,
-            "--recheck-delay-ms",
-            RECHECK_MS,
+            "--recheck-delay",
+            RECHECK_DELAY,
         ];
         args.extend_from_slice(extra);
         let started = Instant::now();
@@ -290,7 +290,7 @@ impl Fixture {
 
     async fn advance(&self, to: &str) -> CliOut {
         let id = self.migration.to_string();
-        self.cli(&["migration", "advance", &id, "--to", to, "--timeout", "5"])
+        self.cli(&["migration", "advance", &id, "--to", to, "--timeout", "5s"])
             .await
     }
 
@@ -1133,8 +1133,8 @@ async fn a_finding_that_heals_before_the_recheck_is_not_reported() {
         "reconcile",
         &id,
         "--full",
-        "--recheck-delay-ms",
-        "8000",
+        "--recheck-delay",
+        "8s",
     ];
     let run = fx.cli(&args);
     let heal = async {

@@ -442,7 +442,7 @@ async fn no_password_in_the_store_the_events_the_output_or_the_logs() {
     let mut worker = run
         .reshard()
         .args(["--log-format", "json", "worker", "--concurrency", "2"])
-        .args(["--lease-ttl-secs", "5", "--name", "secrets-w1"])
+        .args(["--lease-ttl", "5s", "--name", "secrets-w1"])
         .stdout(run.log("worker.out"))
         .stderr(run.log("worker.log"))
         .spawn()

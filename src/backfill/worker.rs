@@ -510,6 +510,7 @@ impl Worker {
         let mut last_cut_event: Option<Instant> = None;
         let mut last_capacity_event: Option<Instant> = None;
         let mut last_log = Instant::now();
+        let mut last_logged_documents = shared.counters.documents.load(Ordering::Relaxed);
         loop {
             tokio::select! {
                 _ = stop.notified() => return Ok(()),
@@ -638,15 +639,25 @@ impl Worker {
                     .await?;
                 last_capacity_event = Some(now);
             }
-            if now.duration_since(last_log) >= Duration::from_secs(10) {
+            let since_log = now.duration_since(last_log);
+            if since_log >= PROGRESS_EVERY {
+                let totals = self
+                    .store
+                    .task_totals(shared.migration, shared.task)
+                    .await?;
+                let rate = (documents - last_logged_documents) as f64 / since_log.as_secs_f64();
                 tracing::info!(
                     migration = shared.migration,
+                    task = %shared.task,
                     documents,
-                    docs_per_sec = format!("{docs_per_sec:.0}"),
+                    docs_per_sec = format!("{rate:.0}"),
                     applied_docs_per_sec = format!("{applied:.0}"),
-                    "backfill progress"
+                    partitions_done = totals.done,
+                    partitions = totals.partitions,
+                    "progress"
                 );
                 last_log = now;
+                last_logged_documents = documents;
             }
         }
     }
@@ -783,7 +794,26 @@ impl Worker {
             else {
                 return Ok(());
             };
-            tracing::debug!(partition = p.id, source = %p.source_shard, "partition claimed");
+            match &p.taken_over_from {
+                Some(holder) => tracing::info!(
+                    migration = shared.migration,
+                    task = %shared.task,
+                    partition = p.id,
+                    location = %p.location(),
+                    range = %range_text(&p),
+                    from = %holder,
+                    "partition taken over: its holder's lease ran out"
+                ),
+                None => tracing::info!(
+                    migration = shared.migration,
+                    task = %shared.task,
+                    partition = p.id,
+                    location = %p.location(),
+                    range = %range_text(&p),
+                    resumes = p.last_id.is_some(),
+                    "partition claimed"
+                ),
+            }
             crate::telemetry::claimed(shared.migration, shared.task.as_str(), p.attempts > 1);
             match self
                 .work_partition(&shared, &p, token, claimed_at, &shutdown)
@@ -796,6 +826,21 @@ impl Worker {
                         .counters
                         .partitions_done
                         .fetch_add(1, Ordering::Relaxed);
+                    let done = self.store.partition(p.id).await?;
+                    tracing::info!(
+                        migration = shared.migration,
+                        task = %shared.task,
+                        partition = p.id,
+                        location = %p.location(),
+                        scanned = done.scanned,
+                        inserted = done.inserted,
+                        already_present = done.already_present,
+                        stamped = done.stamped,
+                        dead_lettered = done.dead_lettered,
+                        deleted = done.deleted,
+                        kept = done.kept,
+                        "partition finished"
+                    );
                 }
                 PartitionEnd::Released => {}
                 PartitionEnd::LeaseLost => {
@@ -1052,6 +1097,24 @@ impl Worker {
 }
 
 /// Aborts a task when dropped (a partition given up mid-way stops its reader).
+/// How often a worker logs its progress (at info level; batches and documents are never
+/// logged one by one there).
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// A partition's `_id` range as text: `[lower, upper)`, `min`/`max` where open.
+fn range_text(p: &Partition) -> String {
+    let bound = |b: &Option<Vec<u8>>, open: &str| match b {
+        Some(bytes) => ids::decode(bytes).map_or_else(|e| format!("<{e}>"), |id| ids::text(&id)),
+        None => open.to_owned(),
+    };
+    format!(
+        "[{}, {}) of {}",
+        bound(&p.lower_bound, "min"),
+        bound(&p.upper_bound, "max"),
+        p.id_type
+    )
+}
+
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {

@@ -1,12 +1,11 @@
 //! `reshard migration`: planning migrations and moving them through their phases.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use serde_json::json;
+use std::sync::Arc;
 
 use crate::cli::MigrationCommand;
 use crate::commands::Ctx;
+use crate::driver::wait::Outcome;
 use crate::driver::{Driver, MoveOptions};
 use crate::error::{Error, Result};
 use crate::output;
@@ -82,8 +81,8 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             let options = MoveOptions {
                 dry_run,
                 reason,
-                timeout: Duration::from_secs(timeout),
-                switch_timeout: Duration::from_secs(switch_timeout),
+                timeout,
+                switch_timeout,
             };
             let (driver, moves) = driver(ctx);
             let result = driver.advance(id, to, &options).await;
@@ -99,8 +98,8 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             let options = MoveOptions {
                 dry_run,
                 reason,
-                timeout: Duration::from_secs(timeout),
-                switch_timeout: Duration::from_secs(switch_timeout),
+                timeout,
+                switch_timeout,
             };
             let (driver, moves) = driver(ctx);
             let result = driver.rollback(id, &options).await;
@@ -108,7 +107,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                 if !dry_run {
                     eprintln!(
                         "migration {id} is reverting: routers mirror their writes to the source; \
-                         run `reshard worker --migration {id} --exit-when-done` to copy the \
+                         run `reshard worker {id} --exit-when-done` to copy the \
                          application's writes back, then `reshard migration advance {id} --to \
                          revert_switch` (it holds writes for a moment and ends in rolled_back)"
                     );
@@ -138,8 +137,25 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             cleanup_waves,
             drop_empty_source,
             shadow_reads,
+            keep_empty_source,
+            documents_per_partition,
             reason,
         } => {
+            if documents_per_partition.is_some() {
+                let m = ctx.store.migration(id).await?;
+                if let Some(at) = m.backfill_planned_at {
+                    return Err(Error::bad_input(format!(
+                        "--documents-per-partition: migration {id}'s backfill was planned at {}; \
+                         its partitions are cut, so a new size would change nothing",
+                        at.format("%Y-%m-%d %H:%M:%S UTC")
+                    )));
+                }
+            }
+            let drop_empty_source = match (drop_empty_source, keep_empty_source) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            };
             let waves = match cleanup_waves {
                 Some(w) => Some(<[f64; 3]>::try_from(w).map_err(|w| {
                     Error::bad_input(format!(
@@ -172,6 +188,9 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                         if let Some(v) = shadow_reads {
                             s.shadow_read_percent = v;
                         }
+                        if let Some(v) = documents_per_partition {
+                            s.documents_per_partition = v;
+                        }
                     },
                     &ctx.actor,
                     reason.as_deref(),
@@ -189,9 +208,14 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                         "shadow reads",
                         format!("{} % of reads", after.shadow_read_percent),
                     ),
+                    (
+                        "documents per partition",
+                        after.documents_per_partition.to_string(),
+                    ),
                 ])
             })
         }
+        MigrationCommand::Wait { id, until, timeout } => wait(ctx, id, until, timeout).await,
         MigrationCommand::Status {
             id,
             watch,
@@ -217,6 +241,43 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                 )
             })
         }
+    }
+}
+
+/// `migration wait`: exit 0 when reached, 1 when time ran out or it will not be reached.
+async fn wait(
+    ctx: &Ctx,
+    id: i64,
+    until: crate::cli::Until,
+    timeout: Option<std::time::Duration>,
+) -> Result<()> {
+    let what = until.as_str();
+    let progress = WaitProgress;
+    match crate::driver::wait::wait(&ctx.store, id, until, timeout, &progress).await? {
+        Outcome::Reached(m) => {
+            let value = json!({ "id": id, "until": what, "reached": true, "phase": m.phase() });
+            output::emit(ctx.output, &value, || {
+                println!("migration {id}: {what} reached (phase {})", m.status_text())
+            })
+        }
+        Outcome::Never(m) => Err(Error::failed(format!(
+            "migration {id} is in {}: it will not reach {what}",
+            m.status_text()
+        ))),
+        Outcome::TimedOut { missing, .. } => Err(Error::failed(format!(
+            "timed out after {} waiting for migration {id} to reach {what}; it is {missing}",
+            humantime::format_duration(timeout.unwrap_or_default())
+        ))),
+    }
+}
+
+/// What `migration wait` still waits for, on stderr whatever the log level (stdout carries the
+/// result).
+struct WaitProgress;
+
+impl crate::driver::Progress for WaitProgress {
+    fn note(&self, message: &str) {
+        eprintln!("{message}");
     }
 }
 

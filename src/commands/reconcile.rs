@@ -1,7 +1,6 @@
 //! `reshard reconcile`, `reshard reconcile show`, `reshard repair`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::json;
 
@@ -38,12 +37,12 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
                 StratifyArg::Tenant => Stratify::Tenant,
                 StratifyArg::Shard => Stratify::Shard,
             },
-            recheck_delay: Duration::from_millis(args.recheck_delay_ms),
+            recheck_delay: args.recheck_delay,
             ..ReconcileOptions::default()
         },
         resume: args.resume,
         concurrency: args.concurrency as usize,
-        lease_ttl: Duration::from_secs(args.lease_ttl_secs),
+        lease_ttl: args.lease_ttl,
         owner: format!(
             "{}:{} (reconcile)",
             identity::hostname(),

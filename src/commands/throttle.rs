@@ -14,22 +14,21 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
             max_docs_per_sec,
             max_in_flight_per_shard,
             batch_size,
-            target_batch_latency_ms,
-            capacity_signal_after_secs,
-            documents_per_partition,
+            target_batch_latency,
+            capacity_signal_after,
             reason,
         } => {
             let any = max_docs_per_sec.is_some()
                 || max_in_flight_per_shard.is_some()
                 || batch_size.is_some()
-                || target_batch_latency_ms.is_some()
-                || capacity_signal_after_secs.is_some()
-                || documents_per_partition.is_some();
+                || target_batch_latency.is_some()
+                || capacity_signal_after.is_some();
             if !any {
                 return Err(Error::bad_input(
                     "nothing to set: give at least one of --max-docs-per-sec, \
-                     --max-in-flight-per-shard, --batch-size, --target-batch-latency-ms, \
-                     --capacity-signal-after-secs, --documents-per-partition",
+                     --max-in-flight-per-shard, --batch-size, --target-batch-latency, \
+                     --capacity-signal-after (the partition size is set with `reshard \
+                     migration configure ID --documents-per-partition N`, before the backfill)",
                 ));
             }
             let (before, after) = ctx
@@ -46,14 +45,12 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
                         if let Some(v) = batch_size {
                             s.batch_size = v;
                         }
-                        if let Some(v) = target_batch_latency_ms {
-                            s.target_batch_latency_ms = v;
+                        // The stored settings keep their numeric fields (data, not flags).
+                        if let Some(v) = target_batch_latency {
+                            s.target_batch_latency_ms = v.as_millis() as u64;
                         }
-                        if let Some(v) = capacity_signal_after_secs {
-                            s.capacity_signal_after_secs = v;
-                        }
-                        if let Some(v) = documents_per_partition {
-                            s.documents_per_partition = v;
+                        if let Some(v) = capacity_signal_after {
+                            s.capacity_signal_after_secs = v.as_secs();
                         }
                     },
                     &ctx.actor,

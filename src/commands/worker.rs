@@ -1,5 +1,6 @@
-//! `reshard worker`: runs backfill partitions until stopped (SIGINT/SIGTERM) or, with
-//! `--exit-when-done`, until the backfill is done.
+//! `reshard worker [ID]`: runs a migration's partitioned work (backfill, cleanup waves, the
+//! copy back of a rollback) until stopped (SIGINT/SIGTERM) or, with `--exit-when-done`, until
+//! the current task is done.
 
 use std::time::Duration;
 
@@ -15,17 +16,18 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
     if let Some(addr) = args.metrics_addr {
         super::exporter::serve(addr).await?;
     }
-    if let Some(id) = args.migration {
+    let migration = args.migration();
+    if let Some(id) = migration {
         ctx.store.migration(id).await?;
     }
     let name = args
         .name
         .unwrap_or_else(|| format!("{}:{}", crate::identity::hostname(), std::process::id()));
     let mut config = WorkerConfig::new(name.clone());
-    config.migration = args.migration;
+    config.migration = migration;
     config.concurrency = usize::from(args.concurrency);
     config.exit_when_done = args.exit_when_done;
-    config.lease_ttl = Duration::from_secs(args.lease_ttl_secs);
+    config.lease_ttl = args.lease_ttl;
     config.actor = format!("{} (worker {name})", ctx.actor);
     let config_actor = config.actor.clone();
     let worker = Worker::connect(ctx.store.clone(), config).await?;
@@ -39,12 +41,12 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
     // Writes that bypass the router are found while they happen, not only at the gates.
     tokio::spawn(crate::watch::follow(
         ctx.store.clone(),
-        args.migration,
+        migration,
         config_actor.clone(),
         Duration::from_secs(5),
         shutdown.clone(),
     ));
-    tracing::info!(worker = %name, migration = ?args.migration, "worker started");
+    tracing::info!(worker = %name, migration = ?migration, "worker started");
     let summary = worker.run(shutdown).await.map_err(|e| match e {
         crate::backfill::WorkerError::Store(s) => Error::from(s),
         other => Error::failed(other.to_string()),

@@ -19,6 +19,7 @@ pub mod capacity;
 pub mod deadletters;
 pub mod playbook;
 pub mod reconcile;
+pub mod wait;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

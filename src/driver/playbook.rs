@@ -646,7 +646,7 @@ async fn run_task(
         Some(tokio::spawn(async move { worker.run(stop_rx).await }))
     } else {
         driver.progress().note(&format!(
-            "{task} runs on external workers: start `reshard worker --migration {id}` anywhere"
+            "{task} runs on external workers: start `reshard worker {id}` anywhere"
         ));
         None
     };

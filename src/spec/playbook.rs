@@ -146,9 +146,11 @@ pub struct SettingsDoc {
     pub max_in_flight_per_shard: Option<usize>,
     /// A batch slower than this halves the rate (`500ms`, `2s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub target_batch_latency: Option<String>,
     /// Overload lasting this long is a capacity signal (`30s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub capacity_signal_after: Option<String>,
     /// The planner aims at partitions of about this many documents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -191,6 +193,7 @@ pub struct CapacityDoc {
     pub timestamp_field: Option<String>,
     /// How far back `timestamp_field` counts writes (`1h`; default `10m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub window: Option<String>,
     /// Peak write rates known from elsewhere (they win over measured ones).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -257,9 +260,11 @@ pub struct AdvanceWith {
     pub to: ForwardPhase,
     /// How long the barrier waits for routers (default `60s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub timeout: Option<String>,
     /// How long the write switch holds writes before it goes back (default `5s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub switch_timeout: Option<String>,
 }
 
@@ -315,9 +320,11 @@ pub struct WorkersDoc {
     pub in_flight: Option<usize>,
     /// A batch slower than this halves the rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub latency_target: Option<String>,
     /// How long a worker's partition lease lasts without a heartbeat (default `30s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub lease_ttl: Option<String>,
     /// Cleanup: cumulative wave percentages, e.g. `[1, 10, 100]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -337,6 +344,7 @@ pub struct ReconcileDoc {
     pub strata: Option<StrataDoc>,
     /// How long to wait before findings are checked again (default `2s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub recheck_delay: Option<String>,
     /// Check every document instead of samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -377,6 +385,7 @@ pub enum SoakDoc {
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SoakWith {
+    #[schemars(extend("x-duration" = true))]
     pub duration: String,
     /// New reconciliation findings allowed while soaking (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -389,6 +398,7 @@ pub struct SoakWith {
     pub max_router_errors: Option<u64>,
     /// Overload (a capacity signal) lasting this long fails the step (default: any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub overload_for: Option<String>,
 }
 
@@ -405,6 +415,7 @@ pub struct ApproveDoc {
 pub struct CompleteDoc {
     /// How long the last barrier waits for routers (default `60s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
     pub timeout: Option<String>,
 }
 
@@ -753,6 +764,9 @@ fn describe(
             path.to_owned(),
             format!("{found} is not allowed; expected {expected_value}"),
         ),
+        K::Type { .. } if error.instance().is_number() && is_duration_field(path) => {
+            (path.to_owned(), crate::duration::bare_number(&found))
+        }
         K::Type { kind } => (
             path.to_owned(),
             format!("{found} has the wrong type; expected {}", type_names(kind)),
@@ -881,6 +895,14 @@ fn oneof_message(path: &str, value: Option<&serde_json::Value>) -> (String, Stri
             ),
         );
     }
+    if let Some(n) = value.filter(|v| v.is_number()) {
+        if path.ends_with(".soak") {
+            return (
+                path.to_owned(),
+                crate::duration::bare_number(&n.to_string()),
+            );
+        }
+    }
     if path.ends_with(".soak") {
         return (
             path.to_owned(),
@@ -973,20 +995,43 @@ fn allowed_properties(schema_path: &str) -> Option<String> {
 
 /// `"30s"`, `"500ms"`, `"5m"` at `path`.
 fn duration(text: &str, path: &str, problems: &mut Problems) -> Option<Duration> {
-    match humantime::parse_duration(text) {
+    match crate::duration::parse(text) {
         Ok(d) if !d.is_zero() => Some(d),
         Ok(_) => {
             problems.add(path, "a duration of zero is not allowed");
             None
         }
-        Err(e) => {
-            problems.add(
-                path,
-                format!("{text:?} is not a duration ({e}); write e.g. 500ms, 30s, 10m, 1h"),
-            );
+        Err(message) => {
+            problems.add(path, message);
             None
         }
     }
+}
+
+/// Whether the field at `path` (`steps[1].advance.timeout`) holds a duration: its name is
+/// one the schema marks with `x-duration`, so a number there gets the unit to write rather
+/// than "wrong type".
+fn is_duration_field(path: &str) -> bool {
+    fn collect(node: &serde_json::Value, names: &mut BTreeSet<String>) {
+        match node {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Object(props)) = map.get("properties") {
+                    for (name, prop) in props {
+                        if prop.get("x-duration") == Some(&serde_json::Value::Bool(true)) {
+                            names.insert(name.clone());
+                        }
+                    }
+                }
+                map.values().for_each(|v| collect(v, names));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, names)),
+            _ => {}
+        }
+    }
+    let mut names = BTreeSet::new();
+    collect(&schema(), &mut names);
+    let field = path.rsplit('.').next().unwrap_or(path);
+    names.contains(field)
 }
 
 fn opt_duration(

@@ -3,9 +3,31 @@
 
 use sqlx::PgConnection;
 
-use super::migrations::Migration;
-use super::{StoreError, StoreResult};
+use super::migrations::{migration_in, Migration};
+use super::{Store, StoreError, StoreResult};
 use crate::phase::Gate;
+
+impl Store {
+    /// Whether `gate` would pass for migration `id` now: the check a move makes, in a
+    /// transaction that is rolled back, so nothing moves (for those who wait for a gate).
+    /// `Err` of the inner result says what is missing. Not `READ ONLY`: some checks take
+    /// share locks, released at the rollback.
+    pub async fn check_gate(
+        &self,
+        id: i64,
+        gate: Gate,
+    ) -> StoreResult<(Migration, Result<(), String>)> {
+        let mut tx = self.pool().begin().await?;
+        let migration = migration_in(&mut tx, id).await?;
+        let verdict = match check(&mut tx, &migration, gate).await {
+            Ok(()) => Ok(()),
+            Err(StoreError::GateClosed { detail, .. }) => Err(detail),
+            Err(e) => return Err(e),
+        };
+        tx.rollback().await?;
+        Ok((migration, verdict))
+    }
+}
 
 pub(super) async fn check(
     conn: &mut PgConnection,
@@ -125,8 +147,7 @@ pub(super) async fn check(
                 return closed(format!(
                     "a router's lease lapsed after the copy back began (its last step may have \
                      landed until {}), so it may have written the target without mirroring \
-                     behind the copier; the copy back runs again (`reshard worker --migration \
-                     {}`)",
+                     behind the copier; the copy back runs again (`reshard worker {}`)",
                     lapse.format("%Y-%m-%d %H:%M:%S%.3f UTC"),
                     migration.id
                 ));

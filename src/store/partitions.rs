@@ -171,6 +171,10 @@ pub struct Partition {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Set by a claim that took the partition over: who held the lease that ran out.
+    #[sqlx(default)]
+    #[serde(skip)]
+    pub taken_over_from: Option<String>,
 }
 
 pub(super) const PARTITION_COLUMNS: &str = "id, migration_id, task, source_shard, source_collection, id_type,
@@ -493,20 +497,24 @@ impl Store {
             Claimant::Migration(id) => ("migration_id", id),
             Claimant::Run(id) => ("run_id", id),
         };
+        // `picked` keeps the expired holder's name for the log of a takeover.
         Ok(sqlx::query_as(&format!(
-            "UPDATE partitions SET state = 'leased', lease_token = $3, lease_owner = $4,
-                 lease_expires_at = now() + make_interval(secs => $5), attempts = attempts + 1,
-                 fence_margin = make_interval(secs => $7),
-                 started_at = coalesce(started_at, now())
-             WHERE id = (
-                 SELECT id FROM partitions
+            "WITH picked AS (
+                 SELECT id AS picked_id,
+                        CASE WHEN state = 'leased' THEN lease_owner END AS taken_over_from
+                 FROM partitions
                  WHERE {column} = $1 AND task = $2
                    AND (state = 'pending'
                         OR (state = 'leased'
                             AND lease_expires_at + fence_margin < clock_timestamp()))
                    AND ($6::bigint IS NULL OR id <= $6)
                  ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-             RETURNING {PARTITION_COLUMNS}"
+             UPDATE partitions SET state = 'leased', lease_token = $3, lease_owner = $4,
+                 lease_expires_at = now() + make_interval(secs => $5), attempts = attempts + 1,
+                 fence_margin = make_interval(secs => $7),
+                 started_at = coalesce(started_at, now())
+             FROM picked WHERE partitions.id = picked.picked_id
+             RETURNING {PARTITION_COLUMNS}, picked.taken_over_from"
         ))
         .bind(key)
         .bind(task)
