@@ -431,7 +431,7 @@ async fn no_password_in_the_store_the_events_the_output_or_the_logs() {
     let ledger = dir.path().join("ledger.jsonl");
     let mut app = run
         .command(&example_binary())
-        .args(["--seconds", "600", "--rate", "40", "--workers", "2"])
+        .args(["--duration", "600s", "--rate", "40", "--workers", "2"])
         .args(["--list-percent", "2", "--hot-share", "0.3"])
         .arg("--ledger")
         .arg(&ledger)
