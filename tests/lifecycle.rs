@@ -220,6 +220,22 @@ async fn cleanup_stops_and_fails_the_migration_when_a_target_copy_is_missing() {
         .delete_one(doc! { "_id": lost })
         .await
         .unwrap();
+    // The watch saw a delete no router made: cleanup waits for an operator's decision.
+    let refused = reshard(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("bypasses_resolved"), "{stderr}");
+    // An operator ignores it (wrongly): the cleaner's own check is the last line of defence.
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(&w.db, &["--output", "json", "bypass", "list", &id])).unwrap();
+    assert_eq!(listed[0]["_id"], lost.as_str(), "{listed:#}");
+    assert_eq!(listed[0]["operation"], "delete", "{listed:#}");
+    ok(
+        &w.db,
+        &[
+            "bypass", "resolve", &id, "--id", lost, "--action", "ignore", "--reason", "test",
+        ],
+    );
     ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
     w.work().await;
 

@@ -289,9 +289,35 @@ impl Fixture {
     }
 
     async fn advance(&self, to: &str) -> CliOut {
+        self.ignore_bypasses().await;
         let id = self.migration.to_string();
         self.cli(&["migration", "advance", &id, "--to", to, "--timeout", "5s"])
             .await
+    }
+
+    /// Every write these tests make by hand is deliberate tampering (a defect for
+    /// reconciliation to find), which the bypass watch records: an operator who knows resolves
+    /// it with `ignore`. The bypass gate itself is tested in `tests/bypass.rs`.
+    async fn ignore_bypasses(&self) {
+        let id = self.migration.to_string();
+        let listed = self.cli(&["--output", "json", "bypass", "list", &id]).await;
+        listed.expect_code(0, "bypass list");
+        for b in listed.json().as_array().cloned().unwrap_or_default() {
+            let n = b["id"].to_string();
+            self.cli(&[
+                "bypass",
+                "resolve",
+                &id,
+                "--bypass",
+                &n,
+                "--action",
+                "ignore",
+                "--reason",
+                "the test's own tampering",
+            ])
+            .await
+            .expect_code(0, "bypass resolve");
+        }
     }
 
     async fn configure(&self, args: &[&str]) {
