@@ -91,19 +91,8 @@ async fn raw_ingest(writer: &BulkWriter, batches: Vec<Vec<reshard::copy::Stateme
     started.elapsed()
 }
 
-/// A benchmark, not a test: `cargo bench` passes `--bench`; under `cargo test --all-targets`
-/// it is only compiled and says so.
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("bench_backfill: a benchmark; run it with `cargo bench --bench bench_backfill`");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(unthrottled_copy_against_raw_ingest());
+    support::bench_main("bench_backfill", unthrottled_copy_against_raw_ingest);
 }
 
 async fn unthrottled_copy_against_raw_ingest() {

@@ -131,19 +131,8 @@ fn expected_ordered(n: usize, s: usize) -> f64 {
     1.0 + (n as f64 - 1.0) * (1.0 - 1.0 / s as f64)
 }
 
-/// A benchmark, not a test: `cargo bench` passes `--bench`; under `cargo test --all-targets`
-/// it is only compiled and says so.
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("bench_writer: a benchmark; run it with `cargo bench --bench bench_writer`");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(bulk_writer_against_ordered_baseline());
+    support::bench_main("bench_writer", bulk_writer_against_ordered_baseline);
 }
 
 async fn bulk_writer_against_ordered_baseline() {

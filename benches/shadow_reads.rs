@@ -84,17 +84,7 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --all-targets` does not.
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("shadow_reads is a benchmark: run it with `cargo bench --bench shadow_reads`");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(bench());
+    support::bench_main("shadow_reads", bench);
 }
 
 async fn bench() {

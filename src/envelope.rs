@@ -215,6 +215,17 @@ pub fn mirror(
     (filter, image)
 }
 
+/// The fields that are reshard's, not the application's: the envelope and both versions'
+/// routing fields.
+pub fn bookkeeping<'a>(
+    from: &'a RoutingVersion,
+    to: &'a RoutingVersion,
+) -> impl Iterator<Item = &'a str> {
+    [Some(META), from.routing_field(), to.routing_field()]
+        .into_iter()
+        .flatten()
+}
+
 /// The top-level fields in which two images of one document differ, apart from `_reshard` and
 /// the routing fields of both versions (a copy carries the target's, its source the source's):
 /// empty when a pristine copy equals its source. Reconciliation's content check and shadow
@@ -225,10 +236,7 @@ pub fn content_differences(
     from: &RoutingVersion,
     to: &RoutingVersion,
 ) -> Vec<String> {
-    let ignore: BTreeSet<&str> = [Some(META), from.routing_field(), to.routing_field()]
-        .into_iter()
-        .flatten()
-        .collect();
+    let ignore: BTreeSet<&str> = bookkeeping(from, to).collect();
     let keys: BTreeSet<&str> = source
         .keys()
         .chain(target.keys())
@@ -253,24 +261,9 @@ pub fn immutable(path: &str, tenant_key: &str, routing_fields: &[&str]) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::{Layout, PlacementRange};
 
     fn version(field: Option<&str>) -> RoutingVersion {
-        RoutingVersion::new(
-            "orders",
-            "customerId",
-            Layout::Hashed {
-                virtual_buckets: 8,
-                default_buckets: 1,
-                tenant_buckets: vec![],
-                placement: vec![PlacementRange {
-                    start: 0,
-                    end: 8,
-                    shard: "s1".into(),
-                }],
-                routing_field: field.map(String::from),
-            },
-        )
+        crate::routing::one_shard_version(field)
     }
 
     #[test]

@@ -88,14 +88,7 @@ async fn a_plain_write_after_the_switch_is_found_blocks_new_reads_and_recopy_car
     let w = World::start().await;
     let id = w.migration.to_string();
     let seeded = seed(&w, 80).await;
-    let router = reshard::router::Router::with_shards(
-        w.store.clone(),
-        "orders",
-        reshard::router::RouterConfig::named("app"),
-        w.shards.clone(),
-    )
-    .await
-    .unwrap();
+    let router = w.router(reshard::router::RouterConfig::named("app")).await;
     ok(&w.db, &["migration", "advance", &id, "--to", "dual_read"]);
 
     // Before the switch the source is authoritative and routers write it plainly: a plain

@@ -229,14 +229,7 @@ async fn the_router_records_its_operations_by_kind_and_path() {
         .install_recorder()
         .unwrap();
     let w = World::start().await;
-    let router = reshard::router::Router::with_shards(
-        w.store.clone(),
-        "orders",
-        reshard::router::RouterConfig::named("app"),
-        w.shards.clone(),
-    )
-    .await
-    .unwrap();
+    let router = w.router(reshard::router::RouterConfig::named("app")).await;
     for i in 0..3 {
         router
             .insert(doc! { "_id": format!("m-{i}"), "customerId": "cust-1", "qty": i })

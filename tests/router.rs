@@ -32,12 +32,6 @@ fn config(name: &str) -> RouterConfig {
 }
 
 impl World {
-    async fn router(&self, config: RouterConfig) -> Router {
-        Router::with_shards(self.store.clone(), "orders", config, self.shards.clone())
-            .await
-            .unwrap()
-    }
-
     fn coll(&self, v: &RoutingVersion, tenant: &str, id: &str) -> mongodb::Collection<Document> {
         let located = v
             .locate(

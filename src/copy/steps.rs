@@ -108,25 +108,10 @@ pub fn statement(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::{Layout, PlacementRange};
     use mongodb::bson::doc;
 
     fn version(field: Option<&str>) -> RoutingVersion {
-        RoutingVersion::new(
-            "orders",
-            "customerId",
-            Layout::Hashed {
-                virtual_buckets: 8,
-                default_buckets: 1,
-                tenant_buckets: vec![],
-                placement: vec![PlacementRange {
-                    start: 0,
-                    end: 8,
-                    shard: "s1".into(),
-                }],
-                routing_field: field.map(String::from),
-            },
-        )
+        crate::routing::one_shard_version(field)
     }
 
     #[test]

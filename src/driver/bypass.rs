@@ -210,11 +210,7 @@ async fn recopy(driver: &Driver, id: i64, b: &Bypass) -> Result<String> {
 /// The document as the application would write it: without reshard's envelope and routing
 /// fields.
 fn plain(mut doc: Document, from: &RoutingVersion, to: &RoutingVersion) -> Document {
-    doc.remove(META);
-    for field in [from.routing_field(), to.routing_field()]
-        .into_iter()
-        .flatten()
-    {
+    for field in envelope::bookkeeping(from, to) {
         doc.remove(field);
     }
     doc
@@ -247,27 +243,9 @@ async fn tenant_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::{Layout, PlacementRange};
-
     #[test]
     fn the_plain_document_loses_the_envelope_and_both_routing_fields() {
-        let hashed = |field: &str| {
-            RoutingVersion::new(
-                "orders",
-                "customerId",
-                Layout::Hashed {
-                    virtual_buckets: 8,
-                    default_buckets: 1,
-                    tenant_buckets: vec![],
-                    placement: vec![PlacementRange {
-                        start: 0,
-                        end: 8,
-                        shard: "s1".into(),
-                    }],
-                    routing_field: Some(field.to_owned()),
-                },
-            )
-        };
+        let hashed = |field: &str| crate::routing::one_shard_version(Some(field));
         let d = doc! { "_id": 1, "customerId": "c", "x": 2, "b0": 1, "b1": 3, "_reshard": { "rev": 1 } };
         assert_eq!(
             plain(d, &hashed("b0"), &hashed("b1")),

@@ -277,6 +277,9 @@ pub(crate) struct Inner {
     /// Wakes the follower (the lease lapsed: load the phase again).
     reload_now: Notify,
     stats: Mutex<OperationStats>,
+    /// The phase applied now, for labelling metrics without waiting on `snapshot` (an epoch
+    /// switch in progress holds it).
+    applied_phase: Mutex<Phase>,
     /// Shadow reads: the share, the bound on tasks in flight, the counts.
     shadow: shadow::ShadowReads,
     /// Set by [`Router::shutdown`]: operations that have not taken the snapshot yet refuse.
@@ -376,6 +379,7 @@ impl Router {
             }),
             config,
             shards,
+            applied_phase: Mutex::new(snapshot.phase),
             snapshot: RwLock::new(Arc::new(snapshot)),
             epochs,
             beat_now: Notify::new(),
@@ -541,9 +545,7 @@ impl Router {
             .map_err(|_| RouterError::RoutingStale)?
         }
         .await;
-        self.inner
-            .record("list_tenant", started, result.is_ok())
-            .await;
+        self.inner.record("list_tenant", started, result.is_ok());
         result
     }
 
@@ -584,7 +586,7 @@ impl Router {
     ) -> Result<(Outcome<Document>, Arc<Snapshot>), RouterError> {
         let started = Instant::now();
         let result = self.run_held(tenant, id, op).await;
-        self.inner.record(name, started, result.is_ok()).await;
+        self.inner.record(name, started, result.is_ok());
         result
     }
 
@@ -663,10 +665,10 @@ impl Inner {
     }
 
     /// Records an operation: in the heartbeat's statistics and in the metrics facade.
-    async fn record(&self, op: &'static str, started: Instant, ok: bool) {
+    fn record(&self, op: &'static str, started: Instant, ok: bool) {
         let took = started.elapsed();
         self.stats.lock().expect("stats lock").record(op, took, ok);
-        let phase = self.snapshot.read().await.phase;
+        let phase = *self.applied_phase.lock().expect("phase lock");
         crate::telemetry::router_operation(
             &self.collection,
             op,
@@ -815,6 +817,7 @@ impl Inner {
             fresh.phase.as_str(),
             Some(current.phase.as_str()),
         );
+        *self.applied_phase.lock().expect("phase lock") = fresh.phase;
         *guard = Arc::new(fresh);
         drop(guard);
         self.epochs.send_replace(key);

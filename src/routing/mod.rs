@@ -89,3 +89,24 @@ fn key_forms() -> &'static str {
     "int:<i64>, oid:<24 hex digits>, uuid:<canonical uuid>, hex:<hex bytes>, \
      bin:<subtype>:<hex bytes>, str:<text>, or any other text as a string"
 }
+
+/// `orders` routed by `customerId` over 8 vbuckets, all on shard `s1`, with the routing field
+/// `field`: the version the unit tests of the writers' decisions share.
+#[cfg(test)]
+pub(crate) fn one_shard_version(field: Option<&str>) -> RoutingVersion {
+    RoutingVersion::new(
+        "orders",
+        "customerId",
+        Layout::Hashed {
+            virtual_buckets: 8,
+            default_buckets: 1,
+            tenant_buckets: vec![],
+            placement: vec![PlacementRange {
+                start: 0,
+                end: 8,
+                shard: "s1".into(),
+            }],
+            routing_field: field.map(String::from),
+        },
+    )
+}

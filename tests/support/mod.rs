@@ -59,3 +59,19 @@ pub fn bin_without_db() -> assert_cmd::Command {
     cmd.env_remove("RESHARD_LOG");
     cmd
 }
+
+/// The `main` of a benchmark binary (`harness = false`, `benches/`): `cargo bench` passes
+/// `--bench` and `bench` runs on a two-thread runtime; under `cargo test --all-targets` the
+/// binary is only built, and says how to run it.
+pub fn bench_main<F: std::future::Future<Output = ()>>(name: &str, bench: impl FnOnce() -> F) {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("{name} is a benchmark: run it with `cargo bench --bench {name}`");
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(bench());
+}

@@ -118,6 +118,13 @@ impl World {
         }
     }
 
+    /// A router of the `orders` collection on this world's shards, as an application runs it.
+    pub async fn router(&self, config: reshard::router::RouterConfig) -> Router {
+        Router::with_shards(self.store.clone(), "orders", config, self.shards.clone())
+            .await
+            .unwrap()
+    }
+
     /// The shards as the workers take them.
     pub fn databases(&self) -> std::collections::BTreeMap<String, Database> {
         self.shards
