@@ -10,7 +10,10 @@
 //! no checkpoints) through the same bulk writer with the same number of batches in flight;
 //! the backfill is a real worker (planning, leases, one cursor per partition, checkpoints in
 //! Postgres, `w: majority, j: true`) with the throttle lifted. Raw runs before and after the
-//! copy, into fresh collections, and the ratio uses their mean.
+//! copy, into fresh collections, and the ratio uses their mean. Last, in the same run, the raw
+//! copy baseline (issue 16): one cursor reading the source, the same writer, two batches in
+//! flight, no PostgreSQL; `whole_backfill_over_raw_copy` is reshard's backfill (planning
+//! included) over it, `copy_after_planning_over_raw_copy` the copy alone.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -87,6 +90,67 @@ async fn raw_ingest(writer: &BulkWriter, batches: Vec<Vec<reshard::copy::Stateme
         .collect();
     for t in tasks {
         t.await.unwrap();
+    }
+    started.elapsed()
+}
+
+/// The physical limit on this machine (issue 16's baseline): one cursor reading the source in
+/// `_id` order, the same copies written through the same writer and write concern, two batches
+/// in flight, no PostgreSQL, no planning. Reading overlaps writing: the reader fills a queue of
+/// `CONCURRENCY` batches that the writers drain.
+async fn raw_copy(
+    source: &mongodb::Collection<Document>,
+    writer: &BulkWriter,
+    v1: &reshard::routing::RoutingVersion,
+    v2: &reshard::routing::RoutingVersion,
+    collection: &str,
+) -> Duration {
+    let started = Instant::now();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<reshard::copy::Statement>>(CONCURRENCY);
+    let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
+    let writers: Vec<_> = (0..CONCURRENCY)
+        .map(|_| {
+            let (rx, writer) = (rx.clone(), writer.clone());
+            tokio::spawn(async move {
+                loop {
+                    let next = rx.lock().await.recv().await;
+                    let Some(batch) = next else { return };
+                    let report = writer.write(batch).await.unwrap();
+                    assert_eq!(report.counts.dead_lettered, 0);
+                }
+            })
+        })
+        .collect();
+    let here = Location::new("s1", "orders");
+    let mut cursor = source
+        .find(doc! {})
+        .sort(doc! { "_id": 1 })
+        .batch_size(BATCH as u32)
+        .await
+        .unwrap();
+    let mut batch = Vec::with_capacity(BATCH);
+    let send = |docs: Vec<Document>| {
+        prepare_batch(v1, v2, &here, 1, docs)
+            .statements
+            .into_iter()
+            .map(|mut s| {
+                s.location.collection = collection.to_owned();
+                s
+            })
+            .collect::<Vec<_>>()
+    };
+    while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await.unwrap() {
+        batch.push(d);
+        if batch.len() == BATCH {
+            tx.send(send(std::mem::take(&mut batch))).await.unwrap();
+        }
+    }
+    if !batch.is_empty() {
+        tx.send(send(batch)).await.unwrap();
+    }
+    drop(tx);
+    for w in writers {
+        w.await.unwrap();
     }
     started.elapsed()
 }
@@ -225,6 +289,7 @@ async fn unthrottled_copy_against_raw_ingest() {
         .unwrap();
     let plan_seconds = (planned_at - wall).num_milliseconds() as f64 / 1000.0;
     let raw_after = raw_ingest(&writer, prebuilt("raw_after")).await;
+    let baseline = raw_copy(&source, &writer, &v1, &v2, "raw_copy").await;
 
     let totals = store.task_totals(m, Task::Backfill).await.unwrap();
     assert_eq!(totals.scanned as usize, n);
@@ -245,6 +310,10 @@ async fn unthrottled_copy_against_raw_ingest() {
         "copy_docs_per_sec_after_planning": (n as f64 / (copy.as_secs_f64() - plan_seconds)).round(),
         "copy_seconds": copy.as_secs_f64(),
         "copy_over_raw": rate(copy) / raw_mean,
+        "raw_copy_docs_per_sec": rate(baseline).round(),
+        "whole_backfill_over_raw_copy": rate(copy) / rate(baseline),
+        "copy_after_planning_over_raw_copy":
+            (n as f64 / (copy.as_secs_f64() - plan_seconds)) / rate(baseline),
         "worker_batches": summary.batches,
     });
     println!("{}", serde_json::to_string_pretty(&result).unwrap());

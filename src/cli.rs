@@ -92,6 +92,10 @@ pub enum Command {
     /// Writes that bypassed the router: list them, resolve them.
     #[command(subcommand)]
     Bypass(BypassCommand),
+    /// Commands a migration runs on its events (phase changes, failures, capacity signals,
+    /// approvals), with the event as JSON on stdin.
+    #[command(subcommand)]
+    Hook(HookCommand),
     /// Check that the target holds what the source held: counts, samples, or everything.
     Reconcile(ReconcileArgs),
     /// Playbooks: check one, or print their JSON Schema.
@@ -268,6 +272,12 @@ pub enum ThrottleCommand {
         /// Overload lasting this long is logged as a capacity signal (e.g. 30s).
         #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
         capacity_signal_after: Option<Duration>,
+        /// The application's latency budget: while a router reports a p99 above it (or more
+        /// than 1 % errors) workers halve their rate, and step it back once routers recover.
+        /// A p99 (`25ms`), a multiple of the p99 routers reported when the backfill was
+        /// planned (`1.3x`), or `off`.
+        #[arg(long, value_parser = parse_latency_budget, value_name = "BUDGET")]
+        latency_budget: Option<crate::settings::LatencyBudget>,
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
@@ -334,6 +344,74 @@ pub enum BypassCommand {
         #[arg(long)]
         reason: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HookCommand {
+    /// Add a hook: from now on, each event it is on runs `sh -c COMMAND` with the event as one
+    /// JSON object on stdin (and RESHARD_EVENT_KIND, RESHARD_MIGRATION, ... in the
+    /// environment). `reshard worker` and every move deliver events; so does `hook deliver`.
+    Add {
+        id: i64,
+        /// What `hook list`, the event log and `hook remove` call it.
+        #[arg(long, value_parser = parse_hook_name)]
+        name: String,
+        /// Comma-separated: `phase_change`, `failure`, `capacity_signal`, `approval_gate`,
+        /// `all`, or any event kind (`rate_cut`, `bypass_found`, ...).
+        #[arg(long, value_parser = parse_hook_on, value_name = "EVENTS")]
+        on: HookOnList,
+        /// The shell command. Keep secrets in the environment (`$PAGER_TOKEN`), not here:
+        /// the command is stored and shown as written.
+        #[arg(long, value_parser = parse_command)]
+        command: String,
+        /// A failure pauses the migration (and the event is delivered again after
+        /// `migration resume`); without it a failure is logged and the migration goes on.
+        #[arg(long)]
+        blocking: bool,
+        /// How long the command may run before it is killed and counted as failed.
+        #[arg(long, default_value = "30s", value_parser = parse_hook_timeout, value_name = "DURATION")]
+        timeout: Duration,
+    },
+    /// The migration's hooks: what they are on, deliveries, failures and the last error.
+    List { id: i64 },
+    /// Remove a hook.
+    Remove { id: i64, name: String },
+    /// Deliver every event recorded so far to the migration's hooks now.
+    Deliver { id: i64 },
+}
+
+/// The parsed `--on` of `hook add`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HookOnList(pub Vec<crate::hooks::HookOn>);
+
+fn parse_hook_on(s: &str) -> Result<HookOnList, String> {
+    crate::hooks::HookOn::parse_list(s).map(HookOnList)
+}
+
+fn parse_latency_budget(s: &str) -> Result<crate::settings::LatencyBudget, String> {
+    crate::settings::LatencyBudget::parse(s)
+}
+
+fn parse_hook_name(s: &str) -> Result<String, String> {
+    crate::hooks::check_name(s).map(|()| s.to_owned())
+}
+
+fn parse_command(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("the command is empty".into());
+    }
+    Ok(s.to_owned())
+}
+
+/// A hook's timeout: 100 ms to 1 h (a hook holds its delivery while it runs).
+fn parse_hook_timeout(s: &str) -> Result<Duration, String> {
+    let d = crate::duration::parse(s)?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err(format!(
+            "{s:?} is outside the allowed range: from 100ms to 1h"
+        ));
+    }
+    Ok(d)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -39,6 +39,13 @@ pub struct MigrationSettings {
     /// through `reconcile`, also read the other side off the application's latency path and
     /// compare ([`crate::shadow`]). 0 (the default) turns them off.
     pub shadow_read_percent: f64,
+    /// The application's latency budget: while a router reports a p99 above it (or more than
+    /// 1 % errors), workers halve their rate as on an overload. An absolute p99 in
+    /// milliseconds; 0 (the default) leaves it to `latency_budget_factor`.
+    pub latency_budget_ms: f64,
+    /// The budget as a multiple of the p99 routers reported when the backfill was planned
+    /// (e.g. 1.3); 0 (the default): no relative budget.
+    pub latency_budget_factor: f64,
 }
 
 impl Default for MigrationSettings {
@@ -57,6 +64,8 @@ impl Default for MigrationSettings {
             cleanup_waves: [1.0, 10.0, 100.0],
             drop_empty_source: false,
             shadow_read_percent: 0.0,
+            latency_budget_ms: 0.0,
+            latency_budget_factor: 0.0,
         }
     }
 }
@@ -122,6 +131,21 @@ impl MigrationSettings {
                 self.shadow_read_percent
             ));
         }
+        if !(self.latency_budget_ms.is_finite() && self.latency_budget_ms >= 0.0) {
+            problems.push(format!(
+                "latency_budget_ms: {} is not allowed; use a duration (0 turns it off)",
+                self.latency_budget_ms
+            ));
+        }
+        if !(self.latency_budget_factor == 0.0
+            || (self.latency_budget_factor.is_finite() && self.latency_budget_factor >= 1.0))
+        {
+            problems.push(format!(
+                "latency_budget_factor: {} is not allowed; use a factor of at least 1 (e.g. \
+                 1.3), or 0 to turn it off",
+                self.latency_budget_factor
+            ));
+        }
         if self.documents_per_partition == 0 {
             problems.push("documents_per_partition: 0 is not allowed; use at least 1".into());
         }
@@ -147,8 +171,66 @@ impl MigrationSettings {
     }
 }
 
+/// The application's latency budget as an operator writes it: a p99 (`25ms`), a multiple of
+/// the p99 before the backfill (`1.3x`), or `off`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LatencyBudget {
+    Absolute(Duration),
+    Factor(f64),
+    Off,
+}
+
+impl LatencyBudget {
+    pub fn parse(s: &str) -> Result<LatencyBudget, String> {
+        if s == "off" {
+            return Ok(LatencyBudget::Off);
+        }
+        if let Some(factor) = s.strip_suffix('x') {
+            return match factor.parse::<f64>() {
+                Ok(f) if f.is_finite() && f >= 1.0 => Ok(LatencyBudget::Factor(f)),
+                _ => Err(format!(
+                    "{s:?}: a factor is a number of at least 1 followed by x (e.g. 1.3x)"
+                )),
+            };
+        }
+        match crate::duration::parse(s) {
+            Ok(d) if !d.is_zero() => Ok(LatencyBudget::Absolute(d)),
+            _ => Err(format!(
+                "{s:?} is not a latency budget: write a p99 (25ms), a factor of the p99 \
+                 before the backfill (1.3x), or off"
+            )),
+        }
+    }
+
+    /// Sets the budget in `settings` (one kind at a time: the other is turned off).
+    pub fn apply(self, settings: &mut MigrationSettings) {
+        let (ms, factor) = match self {
+            LatencyBudget::Absolute(d) => (d.as_secs_f64() * 1000.0, 0.0),
+            LatencyBudget::Factor(f) => (0.0, f),
+            LatencyBudget::Off => (0.0, 0.0),
+        };
+        settings.latency_budget_ms = ms;
+        settings.latency_budget_factor = factor;
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn latency_budgets_parse_as_a_p99_a_factor_or_off() {
+        let mut s = MigrationSettings::default();
+        LatencyBudget::parse("25ms").unwrap().apply(&mut s);
+        assert_eq!((s.latency_budget_ms, s.latency_budget_factor), (25.0, 0.0));
+        LatencyBudget::parse("1.3x").unwrap().apply(&mut s);
+        assert_eq!((s.latency_budget_ms, s.latency_budget_factor), (0.0, 1.3));
+        LatencyBudget::parse("off").unwrap().apply(&mut s);
+        assert_eq!((s.latency_budget_ms, s.latency_budget_factor), (0.0, 0.0));
+        for bad in ["0.5x", "x", "25", "0ms", "fast"] {
+            assert!(LatencyBudget::parse(bad).is_err(), "{bad}");
+        }
+        assert!(LatencyBudget::parse("25").unwrap_err().contains("25ms"));
+    }
+
     use super::*;
 
     #[test]

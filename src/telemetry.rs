@@ -127,6 +127,12 @@ pub const METRICS: &[(&str, Kind, &str, &str)] = &[
         "writes that bypassed the router, found by the change-stream watch",
     ),
     (
+        HOOK_RUNS,
+        Kind::Counter,
+        "hook, outcome",
+        "hook commands run, by hook and ok/failed (a failure is also a hook_failed event)",
+    ),
+    (
         ROUTER_OPERATIONS,
         Kind::Counter,
         "collection, op, path, outcome",
@@ -170,6 +176,7 @@ pub const RATE_CUTS: &str = "reshard_rate_cuts_total";
 pub const RATE_APPLIED: &str = "reshard_rate_applied_docs_per_second";
 pub const EVENTS: &str = "reshard_events_total";
 pub const BYPASSES: &str = "reshard_bypasses_total";
+pub const HOOK_RUNS: &str = "reshard_hook_runs_total";
 pub const ROUTER_OPERATIONS: &str = "reshard_router_operations_total";
 pub const ROUTER_OPERATION_SECONDS: &str = "reshard_router_operation_seconds";
 pub const ROUTER_EPOCH: &str = "reshard_router_epoch";
@@ -284,6 +291,11 @@ pub fn event(migration: i64, kind: &'static str) {
 pub fn bypass(migration: i64, operation: &'static str) {
     metrics::counter!(BYPASSES, "migration" => migration.to_string(), "operation" => operation)
         .increment(1);
+}
+
+/// A hook's command ran (`outcome`: `ok` or `failed`).
+pub fn hook_run(hook: &str, outcome: &'static str) {
+    metrics::counter!(HOOK_RUNS, "hook" => hook.to_owned(), "outcome" => outcome).increment(1);
 }
 
 /// The path a phase gives an operation: where it reads (`get`, `list`) or writes.

@@ -171,6 +171,13 @@ impl AdaptiveRate {
         }
     }
 
+    /// The application's routers report latency over its budget (or errors): halve the rate,
+    /// like an overload, but without counting towards a capacity signal. Returns whether the
+    /// rate changed.
+    pub fn on_app_over_budget(&mut self, now: Instant) -> bool {
+        self.decrease(now)
+    }
+
     fn refill(&mut self, now: Instant) {
         let elapsed = now
             .saturating_duration_since(self.refilled_at)
@@ -197,6 +204,86 @@ impl AdaptiveRate {
     }
 }
 
+/// What one router reported for its last heartbeat interval (all operations together).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouterReport {
+    pub p99_ms: Option<f64>,
+    pub count: u64,
+    pub errors: u64,
+}
+
+/// The application's health against its latency budget, as its routers report it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum AppHealth {
+    /// No budget, or no router reported enough operations to judge.
+    Unknown,
+    /// Every router that reported enough operations is within the budget.
+    Within { p99_ms: f64, budget_ms: f64 },
+    /// A router's p99 is over the budget, or its error rate over [`MAX_APP_ERROR_RATE`].
+    Over {
+        p99_ms: f64,
+        budget_ms: f64,
+        error_rate: f64,
+    },
+}
+
+/// A router whose operations fail more often than this in an interval counts as over budget.
+pub const MAX_APP_ERROR_RATE: f64 = 0.01;
+
+/// A router's interval counts only with at least this many operations (a p99 of a handful is
+/// noise).
+pub const MIN_APP_SAMPLES: u64 = 20;
+
+/// The p99 budget in milliseconds: the absolute one when set (> 0), else `factor` times the
+/// p99 routers reported before the backfill started (when both are known); `None`: no budget.
+pub fn latency_budget_ms(absolute_ms: f64, factor: f64, baseline_ms: Option<f64>) -> Option<f64> {
+    if absolute_ms > 0.0 {
+        return Some(absolute_ms);
+    }
+    match baseline_ms {
+        Some(b) if factor > 0.0 && b > 0.0 => Some(factor * b),
+        _ => None,
+    }
+}
+
+/// Judges the routers' last reports against `budget_ms`: the worst router decides (the
+/// application is as slow as its slowest instance).
+pub fn judge_app(reports: &[RouterReport], budget_ms: Option<f64>) -> AppHealth {
+    let Some(budget_ms) = budget_ms else {
+        return AppHealth::Unknown;
+    };
+    let mut worst_p99: Option<f64> = None;
+    let mut worst_errors = 0.0_f64;
+    for r in reports.iter().filter(|r| r.count >= MIN_APP_SAMPLES) {
+        if let Some(p) = r.p99_ms {
+            worst_p99 = Some(worst_p99.map_or(p, |w| w.max(p)));
+        }
+        worst_errors = worst_errors.max(r.errors as f64 / r.count as f64);
+    }
+    let Some(p99_ms) = worst_p99 else {
+        return AppHealth::Unknown;
+    };
+    if p99_ms > budget_ms || worst_errors > MAX_APP_ERROR_RATE {
+        AppHealth::Over {
+            p99_ms,
+            budget_ms,
+            error_rate: worst_errors,
+        }
+    } else {
+        AppHealth::Within { p99_ms, budget_ms }
+    }
+}
+
+/// The p99 to remember as the application's "before": the worst router's, over the routers
+/// that reported enough operations.
+pub fn app_baseline_ms(reports: &[RouterReport]) -> Option<f64> {
+    reports
+        .iter()
+        .filter(|r| r.count >= MIN_APP_SAMPLES)
+        .filter_map(|r| r.p99_ms)
+        .reduce(f64::max)
+}
+
 /// Settings the arithmetic can work with: a positive maximum, a floor not above it, a
 /// non-zero healthy interval.
 fn normalised(mut settings: ThrottleSettings) -> ThrottleSettings {
@@ -212,6 +299,79 @@ fn normalised(mut settings: ThrottleSettings) -> ThrottleSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn report(p99_ms: f64, count: u64, errors: u64) -> RouterReport {
+        RouterReport {
+            p99_ms: Some(p99_ms),
+            count,
+            errors,
+        }
+    }
+
+    #[test]
+    fn the_budget_is_absolute_or_relative_to_the_baseline() {
+        assert_eq!(latency_budget_ms(25.0, 1.3, Some(10.0)), Some(25.0));
+        assert_eq!(latency_budget_ms(0.0, 1.3, Some(10.0)), Some(13.0));
+        assert_eq!(latency_budget_ms(0.0, 1.3, None), None);
+        assert_eq!(latency_budget_ms(0.0, 0.0, Some(10.0)), None);
+    }
+
+    #[test]
+    fn the_worst_router_with_enough_samples_decides() {
+        let within = [report(9.0, 100, 0), report(12.0, 50, 0)];
+        assert_eq!(
+            judge_app(&within, Some(13.0)),
+            AppHealth::Within {
+                p99_ms: 12.0,
+                budget_ms: 13.0
+            }
+        );
+        let over = [report(9.0, 100, 0), report(14.0, 50, 0)];
+        assert!(matches!(
+            judge_app(&over, Some(13.0)),
+            AppHealth::Over { p99_ms, .. } if p99_ms == 14.0
+        ));
+        // Too few operations to judge: a p99 of three samples is noise.
+        let few = [report(9.0, 100, 0), report(500.0, 3, 0)];
+        assert!(matches!(
+            judge_app(&few, Some(13.0)),
+            AppHealth::Within { .. }
+        ));
+        assert_eq!(
+            judge_app(&[report(500.0, 3, 0)], Some(13.0)),
+            AppHealth::Unknown
+        );
+        assert_eq!(judge_app(&over, None), AppHealth::Unknown);
+        // Errors count too: 2 of 100 is over 1 %.
+        assert!(matches!(
+            judge_app(&[report(1.0, 100, 2)], Some(13.0)),
+            AppHealth::Over { error_rate, .. } if error_rate == 0.02
+        ));
+        assert_eq!(app_baseline_ms(&over), Some(14.0));
+        assert_eq!(app_baseline_ms(&[report(500.0, 3, 0)]), None);
+    }
+
+    #[test]
+    fn an_app_over_budget_halves_the_rate_and_recovery_steps_it_back() {
+        let t0 = Instant::now();
+        let settings = ThrottleSettings {
+            max_docs_per_sec: 400.0,
+            step_docs_per_sec: 250.0,
+            ..ThrottleSettings::default()
+        };
+        let mut rate = AdaptiveRate::new(settings, t0);
+        assert!(rate.on_app_over_budget(t0));
+        assert_eq!(rate.applied(), 200.0);
+        // Reports within the decrease gap are one signal.
+        assert!(!rate.on_app_over_budget(t0 + Duration::from_millis(500)));
+        assert!(rate.on_app_over_budget(t0 + Duration::from_secs(2)));
+        assert_eq!(rate.applied(), 100.0);
+        // Not a capacity signal: the targets did not refuse anything.
+        assert!(!rate.overload_window_exceeded(t0 + Duration::from_secs(2), Duration::ZERO));
+        // Healthy again: a step per healthy interval, up to the maximum.
+        assert_eq!(rate.tick(t0 + Duration::from_secs(7)), 350.0);
+        assert_eq!(rate.tick(t0 + Duration::from_secs(12)), 400.0);
+    }
 
     /// A fake clock: instants are offsets from a fixed origin.
     struct Clock(Instant);

@@ -964,10 +964,10 @@ async fn overload_cuts_the_rate_and_loses_nothing() {
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let throttle = &status["throttle"];
     assert_eq!(throttle["overloads"].as_i64(), Some(overloads), "{status}");
-    assert_eq!(throttle["rateCuts"].as_i64(), Some(cuts), "{status}");
+    assert_eq!(throttle["rate_cuts"].as_i64(), Some(cuts), "{status}");
     assert!(throttle["retries"].as_i64().unwrap() > 0, "{status}");
     assert!(
-        throttle["capacitySignals"].as_u64().unwrap() > 0,
+        throttle["capacity_signals"].as_u64().unwrap() > 0,
         "{status}"
     );
     assert_eq!(

@@ -705,8 +705,22 @@ async fn throttle_set_is_logged_and_shown_and_status_reports_an_unplanned_backfi
     assert_eq!(status["phase"], "planned");
     assert_eq!(status["backfill"]["planned"], false);
     assert_eq!(status["backfill"]["documentsCopied"], 0);
-    assert_eq!(status["throttle"]["configuredDocsPerSec"], 1234.0);
+    assert_eq!(status["throttle"]["configured_docs_per_sec"], 1234.0);
     assert!(status["backfill"]["remainingOperationTimeEstimatedSecs"].is_null());
+    // One key case: snake_case, but for the names that mirror MongoDB's `$currentOp`.
+    let mut keys = Vec::new();
+    collect_keys(&status, &mut keys);
+    let mirrored = [
+        "approxDocumentsToCopy",
+        "documentsCopied",
+        "remainingOperationTimeEstimatedSecs",
+    ];
+    let odd: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.chars().any(|c| c.is_ascii_uppercase()) && !mirrored.contains(&k.as_str()))
+        .collect();
+    assert!(odd.is_empty(), "keys not in snake_case: {odd:?}");
+    assert!(keys.len() > 50, "{keys:?}");
     let text = reshard(&db, &["migration", "status", "1"]);
     assert_eq!(code(&text), 0, "{}", stderr(&text));
     assert!(String::from_utf8_lossy(&text.stdout).contains("not planned yet"));
@@ -879,4 +893,18 @@ async fn migration_wait_returns_once_a_phase_is_reached_or_a_gate_would_pass_and
         "{}",
         stderr(&out)
     );
+}
+
+/// Every object key in `value`, at any depth.
+fn collect_keys(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                out.push(k.clone());
+                collect_keys(v, out);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_keys(v, out)),
+        _ => {}
+    }
 }

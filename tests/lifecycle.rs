@@ -131,11 +131,11 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
     ))
     .unwrap();
     assert_eq!(
-        status["cleanup"]["documentsDeleted"].as_i64(),
+        status["cleanup"]["documents_deleted"].as_i64(),
         Some(totals.deleted)
     );
     assert_eq!(
-        status["cleanup"]["partitionsDone"].as_i64(),
+        status["cleanup"]["partitions_done"].as_i64(),
         Some(totals.partitions)
     );
     ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);

@@ -327,8 +327,8 @@ async fn status_watch_streams_one_json_object_per_refresh() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         assert_eq!(v["migration"], w.migration);
         assert_eq!(v["phase"], "backfill");
-        assert_eq!(v["activeTask"], "backfill");
-        for key in ["tasks", "routers", "bypasses", "throttle", "findingsOpen"] {
+        assert_eq!(v["active_task"], "backfill");
+        for key in ["tasks", "routers", "bypasses", "throttle", "findings_open"] {
             assert!(!v[key].is_null(), "{key} missing: {v}");
         }
         for task in ["backfill", "verify", "cleanup", "revert"] {

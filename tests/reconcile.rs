@@ -363,7 +363,7 @@ impl Fixture {
             .cli(&["--output", "json", "migration", "status", &id])
             .await;
         out.expect_code(0, "migration status");
-        out.json()["shadowReads"].clone()
+        out.json()["shadow_reads"].clone()
     }
 
     /// Alters a pristine copy in the target with a plain driver client, behind reshard's back:
@@ -1620,7 +1620,7 @@ async fn shadow_reads_report_an_altered_copy_and_hold_the_gate_until_repaired() 
     let deadline = Instant::now() + Duration::from_secs(10);
     let shown = loop {
         let shown = fx.shadow_status().await;
-        if shown["readsCompared"].as_i64() == Some(clean.len() as i64 + 2) {
+        if shown["reads_compared"].as_i64() == Some(clean.len() as i64 + 2) {
             break shown;
         }
         assert!(
@@ -1631,7 +1631,7 @@ async fn shadow_reads_report_an_altered_copy_and_hold_the_gate_until_repaired() 
     };
     assert_eq!(shown["percent"], 100.0, "{shown:#}");
     assert_eq!(shown["mismatches"], 2, "{shown:#}");
-    assert_eq!(shown["openMismatches"], 2, "{shown:#}");
+    assert_eq!(shown["open_mismatches"], 2, "{shown:#}");
     let listed: BTreeSet<&str> = shown["open"]
         .as_array()
         .unwrap()
@@ -1754,9 +1754,9 @@ async fn without_shadow_reads_nothing_is_compared_until_they_are_turned_on() {
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let shown = fx.shadow_status().await;
     assert_eq!(shown["percent"], 0.0, "{shown:#}");
-    assert_eq!(shown["readsCompared"], 0, "{shown:#}");
+    assert_eq!(shown["reads_compared"], 0, "{shown:#}");
     assert_eq!(shown["mismatches"], 0, "{shown:#}");
-    assert_eq!(shown["openMismatches"], 0, "{shown:#}");
+    assert_eq!(shown["open_mismatches"], 0, "{shown:#}");
     let routers = fx.cli(&["--output", "json", "routers", "list"]).await;
     routers.expect_code(0, "routers list");
     let routers = routers.json();

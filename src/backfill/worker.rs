@@ -46,7 +46,7 @@ use crate::store::migrations::Migration;
 use crate::store::partitions::{Checkpoint, Claim, NewDeadLetter, Partition, Task};
 use crate::store::workers::WorkerFigures;
 use crate::store::{Store, StoreError};
-use crate::throttle::AdaptiveRate;
+use crate::throttle::{AdaptiveRate, AppHealth};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -509,6 +509,9 @@ impl Worker {
         let mut reported_cuts = 0_i64;
         let mut last_cut_event: Option<Instant> = None;
         let mut last_capacity_event: Option<Instant> = None;
+        let mut last_app_reports: Vec<crate::throttle::RouterReport> = Vec::new();
+        let mut app_over = false;
+        let mut last_app_event: Option<Instant> = None;
         let mut last_log = Instant::now();
         let mut last_logged_documents = shared.counters.documents.load(Ordering::Relaxed);
         loop {
@@ -638,6 +641,87 @@ impl Worker {
                     )
                     .await?;
                 last_capacity_event = Some(now);
+            }
+            // The application sets the pace: its routers' latency against its budget.
+            let budget = crate::throttle::latency_budget_ms(
+                settings.latency_budget_ms,
+                settings.latency_budget_factor,
+                m.app_p99_baseline_ms,
+            );
+            if budget.is_some() {
+                let reports = self.store.app_reports(&m.collection).await?;
+                // A report is judged once: routers report every heartbeat interval, this loop
+                // runs more often.
+                if reports != last_app_reports {
+                    let health = crate::throttle::judge_app(&reports, budget);
+                    if let AppHealth::Over {
+                        p99_ms,
+                        budget_ms,
+                        error_rate,
+                    } = health
+                    {
+                        let cut = shared.rate.lock().unwrap().on_app_over_budget(now);
+                        if cut {
+                            let applied = shared.rate.lock().unwrap().applied();
+                            shared.counters.rate_cuts.fetch_add(1, Ordering::Relaxed);
+                            crate::telemetry::rate(
+                                shared.migration,
+                                shared.task.as_str(),
+                                applied,
+                                true,
+                            );
+                            // Reported here with its cause, not again as a plain cut.
+                            reported_cuts += 1;
+                            // Announced when it starts, and again every 10 s while it lasts.
+                            if !app_over
+                                || last_app_event.is_none_or(|t| {
+                                    now.duration_since(t) >= Duration::from_secs(10)
+                                })
+                            {
+                                last_app_event = Some(now);
+                                let reason = format!(
+                                    "the application's p99 is {p99_ms:.1} ms (budget \
+                                     {budget_ms:.1} ms, errors {:.1} %): rate cut to \
+                                     {applied:.0} docs/s for this worker",
+                                    error_rate * 100.0
+                                );
+                                tracing::warn!(migration = shared.migration, "{reason}");
+                                self.store
+                                    .record_event(
+                                        shared.migration,
+                                        &self.config.actor,
+                                        &NewEvent::new(
+                                            EventKind::RateCut,
+                                            json!({
+                                                "worker": self.config.name,
+                                                "cause": "app_latency",
+                                                "app_p99_ms": p99_ms,
+                                                "latency_budget_ms": budget_ms,
+                                                "app_error_rate": error_rate,
+                                                "applied_docs_per_sec": applied,
+                                                "max_docs_per_sec": max,
+                                            }),
+                                        )
+                                        .reason(Some(&reason)),
+                                    )
+                                    .await?;
+                            }
+                        }
+                        app_over = true;
+                    } else if let AppHealth::Within { p99_ms, budget_ms } = health {
+                        if app_over {
+                            tracing::info!(
+                                migration = shared.migration,
+                                app_p99_ms = p99_ms,
+                                latency_budget_ms = budget_ms,
+                                "the application is back within its latency budget: the rate \
+                                 steps back up"
+                            );
+                        }
+                        app_over = false;
+                    }
+                    last_app_reports = reports;
+                }
             }
             let since_log = now.duration_since(last_log);
             if since_log >= PROGRESS_EVERY {

@@ -6,6 +6,7 @@ mod capacity;
 mod db;
 mod deadletter;
 mod exporter;
+mod hook;
 mod migration;
 mod playbook;
 mod progress;
@@ -51,6 +52,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Throttle(cmd) => throttle::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Deadletter(cmd) => deadletter::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Bypass(cmd) => bypass::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Hook(cmd) => hook::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Reconcile(args) => reconcile::run(&ctx(url, output, actor).await?, args).await,
         Command::Playbook(_) => unreachable!("handled above"),
         Command::Run(args) => playbook::run_file(&ctx(url, output, actor).await?, args).await,

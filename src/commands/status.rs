@@ -24,16 +24,20 @@ use crate::store::workers::WorkerRow;
 const SHOWN_MISMATCHES: usize = 20;
 
 /// Per source location, summed over its partitions.
+/// Keys are snake_case like every JSON reshard prints, but for the names that mirror
+/// MongoDB's `$currentOp` resharding metrics (`approxDocumentsToCopy`, `documentsCopied`,
+/// `remainingOperationTimeEstimatedSecs`).
 #[derive(Clone, Debug, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
 struct ShardProgress {
     source_shard: String,
     source_collection: String,
     partitions: i64,
     partitions_done: i64,
     scan: String,
+    #[serde(rename = "approxDocumentsToCopy")]
     approx_documents_to_copy: i64,
     documents_scanned: i64,
+    #[serde(rename = "documentsCopied")]
     documents_copied: i64,
     documents_already_present: i64,
     documents_stamped: i64,
@@ -129,9 +133,9 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
                 "name": r.name,
                 "host": r.host,
                 "pid": r.pid,
-                "acknowledgedEpoch": r.acked_epoch,
-                "leaseAgeSecs": r.lease_age_secs,
-                "p99Ms": r.stats["all"]["p99_ms"],
+                "acknowledged_epoch": r.acked_epoch,
+                "lease_age_secs": r.lease_age_secs,
+                "p99_ms": r.stats["all"]["p99_ms"],
                 "errors": r.stats["all"]["errors"],
             })
         })
@@ -145,55 +149,61 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
         "epoch": m.epoch,
         "paused": m.paused,
         "failure": m.failure_reason,
-        "fromVersion": m.from_version,
-        "toVersion": m.to_version,
+        "from_version": m.from_version,
+        "to_version": m.to_version,
         "backfill": {
             "planned": m.backfill_planned_at.is_some(),
-            "plannedAt": m.backfill_planned_at,
-            "completedAt": m.backfill_completed_at,
+            "planned_at": m.backfill_planned_at,
+            "completed_at": m.backfill_completed_at,
             "partitions": totals.partitions,
-            "partitionsDone": totals.done,
-            "partitionsLeased": totals.leased,
+            "partitions_done": totals.done,
+            "partitions_leased": totals.leased,
             "approxDocumentsToCopy": totals.approx_documents,
-            "documentsScanned": totals.scanned,
+            "documents_scanned": totals.scanned,
             "documentsCopied": totals.inserted,
-            "documentsAlreadyPresent": totals.already_present,
-            "documentsStamped": totals.stamped,
-            "documentsDeadLettered": totals.dead_lettered,
-            "documentsSkippedForeign": totals.skipped_foreign,
-            "deadLettersOpen": open_dead_letters,
-            "docsPerSec": docs_per_sec,
+            "documents_already_present": totals.already_present,
+            "documents_stamped": totals.stamped,
+            "documents_dead_lettered": totals.dead_lettered,
+            "documents_skipped_foreign": totals.skipped_foreign,
+            "dead_letters_open": open_dead_letters,
+            "docs_per_sec": docs_per_sec,
             "remainingOperationTimeEstimatedSecs": eta.map(|s| s.round() as i64),
             "shards": shards,
         },
         "throttle": {
-            "configuredDocsPerSec": settings.max_docs_per_sec,
-            "appliedDocsPerSec": applied,
-            "batchSize": settings.batch_size,
-            "maxInFlightPerShard": settings.max_in_flight_per_shard,
+            "configured_docs_per_sec": settings.max_docs_per_sec,
+            "applied_docs_per_sec": applied,
+            "latency_budget_ms": crate::throttle::latency_budget_ms(
+                settings.latency_budget_ms,
+                settings.latency_budget_factor,
+                m.app_p99_baseline_ms,
+            ),
+            "app_p99_baseline_ms": m.app_p99_baseline_ms,
+            "batch_size": settings.batch_size,
+            "max_in_flight_per_shard": settings.max_in_flight_per_shard,
             "overloads": sum(|w| w.overloads),
             "retries": sum(|w| w.retries),
-            "rateCuts": sum(|w| w.rate_cuts),
-            "rateCutEvents": rate_cut_events,
-            "capacitySignals": capacity.len(),
-            "lastCapacitySignal": capacity.last().map(|e| json!({ "at": e.at, "reason": e.reason })),
+            "rate_cuts": sum(|w| w.rate_cuts),
+            "rate_cut_events": rate_cut_events,
+            "capacity_signals": capacity.len(),
+            "last_capacity_signal": capacity.last().map(|e| json!({ "at": e.at, "reason": e.reason })),
         },
         "cleanup": {
             "planned": m.cleanup_planned_at.is_some(),
             "partitions": cleanup.partitions,
-            "partitionsDone": cleanup.done,
-            "documentsScanned": cleanup.scanned,
-            "documentsDeleted": cleanup.deleted,
-            "documentsKept": cleanup.kept,
-            "tombstonesPurgedAt": m.tombstones_purged_at,
+            "partitions_done": cleanup.done,
+            "documents_scanned": cleanup.scanned,
+            "documents_deleted": cleanup.deleted,
+            "documents_kept": cleanup.kept,
+            "tombstones_purged_at": m.tombstones_purged_at,
         },
         "revert": {
             "planned": m.revert_planned_at.is_some(),
             "partitions": revert.partitions,
-            "partitionsDone": revert.done,
-            "documentsScanned": revert.scanned,
-            "documentsWrittenBack": revert.inserted,
-            "documentsAlreadyInSource": revert.already_present,
+            "partitions_done": revert.done,
+            "documents_scanned": revert.scanned,
+            "documents_written_back": revert.inserted,
+            "documents_already_in_source": revert.already_present,
         },
         "bypasses": {
             "open": bypasses.open,
@@ -202,23 +212,23 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
                 "location": w.location().to_string(),
                 "role": w.role,
                 "switched": w.switched,
-                "eventsSeen": w.events_seen,
-                "caughtUpAt": w.caught_up_at,
+                "events_seen": w.events_seen,
+                "caught_up_at": w.caught_up_at,
             })).collect::<Vec<_>>(),
         },
-        "shadowReads": {
+        "shadow_reads": {
             "percent": settings.shadow_read_percent,
-            "readsCompared": shadow.compared,
+            "reads_compared": shadow.compared,
             "mismatches": shadow.mismatches,
-            "openMismatches": shadow.open,
-            "resolvedMismatches": shadow.resolved,
+            "open_mismatches": shadow.open,
+            "resolved_mismatches": shadow.resolved,
             "open": open_mismatches,
         },
         "workers": live,
-        "activeTask": active_task(m.phase()),
+        "active_task": active_task(m.phase()),
         "tasks": tasks,
         "routers": routers,
-        "findingsOpen": findings_open,
+        "findings_open": findings_open,
     });
     Ok((
         Snapshot {
@@ -306,19 +316,19 @@ fn task_progress(partitions: &[Partition]) -> serde_json::Value {
             json!({
                 "location": location,
                 "partitions": n,
-                "partitionsDone": done,
-                "documentsScanned": scanned,
-                "approxDocuments": approx.max(scanned),
-                "documentsLeft": if done == n { 0 } else { (approx - scanned).max(0) },
+                "partitions_done": done,
+                "documents_scanned": scanned,
+                "approx_documents": approx.max(scanned),
+                "documents_left": if done == n { 0 } else { (approx - scanned).max(0) },
             })
         })
         .collect();
     let sum = |f: fn(&(i64, i64, i64, i64)) -> i64| per.values().map(f).sum::<i64>();
     json!({
         "partitions": sum(|e| e.0),
-        "partitionsDone": sum(|e| e.1),
-        "documentsScanned": sum(|e| e.2),
-        "approxDocuments": sum(|e| e.3.max(e.2)),
+        "partitions_done": sum(|e| e.1),
+        "documents_scanned": sum(|e| e.2),
+        "approx_documents": sum(|e| e.3.max(e.2)),
         "shards": shards,
     })
 }
@@ -334,7 +344,7 @@ fn bypass_text(b: &serde_json::Value) -> String {
         .into_iter()
         .flatten()
         .map(|w| {
-            w["caughtUpAt"]
+            w["caught_up_at"]
                 .as_str()
                 .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
         })
@@ -400,8 +410,8 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
                 "{} ({} v{} -> v{})",
                 v["migration"],
                 v["collection"].as_str().unwrap_or(""),
-                v["fromVersion"],
-                v["toVersion"]
+                v["from_version"],
+                v["to_version"]
             ),
         ),
         ("state", v["state"].as_str().unwrap_or("").to_owned()),
@@ -433,34 +443,34 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
                 snap.totals.dead_lettered
             ),
         ),
-        ("open dead letters", b["deadLettersOpen"].to_string()),
+        ("open dead letters", b["dead_letters_open"].to_string()),
         ("docs/s", format!("{:.0}", not_negative(snap.docs_per_sec))),
         ("eta", eta_text(snap.eta)),
         (
             "rate (applied / configured)",
             format!(
                 "{:.0} / {:.0} docs/s",
-                not_negative(t["appliedDocsPerSec"].as_f64().unwrap_or(0.0)),
-                t["configuredDocsPerSec"].as_f64().unwrap_or(0.0)
+                not_negative(t["applied_docs_per_sec"].as_f64().unwrap_or(0.0)),
+                t["configured_docs_per_sec"].as_f64().unwrap_or(0.0)
             ),
         ),
         (
             "overloads / retries / rate cuts",
-            format!("{} / {} / {}", t["overloads"], t["retries"], t["rateCuts"]),
+            format!("{} / {} / {}", t["overloads"], t["retries"], t["rate_cuts"]),
         ),
-        ("capacity signals", t["capacitySignals"].to_string()),
+        ("capacity signals", t["capacity_signals"].to_string()),
         ("bypasses", bypass_text(&v["bypasses"])),
     ]);
-    let sh = &v["shadowReads"];
-    let compared = sh["readsCompared"].as_i64().unwrap_or(0);
+    let sh = &v["shadow_reads"];
+    let compared = sh["reads_compared"].as_i64().unwrap_or(0);
     let percent = sh["percent"].as_f64().unwrap_or(0.0);
-    if percent > 0.0 || compared > 0 || sh["openMismatches"].as_i64().unwrap_or(0) > 0 {
+    if percent > 0.0 || compared > 0 || sh["open_mismatches"].as_i64().unwrap_or(0) > 0 {
         output::fields(&[(
             "shadow reads",
             format!(
                 "{percent}% of reads; {compared} compared, {} mismatches ({} documents open, {} \
                  resolved)",
-                sh["mismatches"], sh["openMismatches"], sh["resolvedMismatches"]
+                sh["mismatches"], sh["open_mismatches"], sh["resolved_mismatches"]
             ),
         )]);
     }
@@ -500,7 +510,7 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
             "cleanup",
             format!(
                 "{}/{} partitions, {} deleted, {} kept (never moved)",
-                c["partitionsDone"], c["partitions"], c["documentsDeleted"], c["documentsKept"]
+                c["partitions_done"], c["partitions"], c["documents_deleted"], c["documents_kept"]
             ),
         )]);
     }
@@ -510,10 +520,10 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
             "revert copy",
             format!(
                 "{}/{} partitions, {} written back, {} already in the source",
-                r["partitionsDone"],
+                r["partitions_done"],
                 r["partitions"],
-                r["documentsWrittenBack"],
-                r["documentsAlreadyInSource"]
+                r["documents_written_back"],
+                r["documents_already_in_source"]
             ),
         )]);
     }
@@ -636,7 +646,7 @@ async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
     loop {
         let (snap, _, _) = snapshot(ctx, id).await?;
         let v = &snap.value;
-        let task = v["activeTask"]
+        let task = v["active_task"]
             .as_str()
             .map(str::to_owned)
             .or_else(|| shown_task.clone())
@@ -653,8 +663,8 @@ async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
             last = None;
         }
         let t = &v["tasks"][task];
-        let scanned = t["documentsScanned"].as_i64().unwrap_or(0);
-        let total = t["approxDocuments"].as_i64().unwrap_or(0).max(scanned);
+        let scanned = t["documents_scanned"].as_i64().unwrap_or(0);
+        let total = t["approx_documents"].as_i64().unwrap_or(0).max(scanned);
         // docs/s from what the task checkpointed since the last refresh (every task), or the
         // workers' reports for the backfill.
         let now = Instant::now();
@@ -677,7 +687,7 @@ async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
             "{:.0} docs/s, eta {}, {}/{} partitions, {}",
             rate,
             eta_text(eta),
-            t["partitionsDone"],
+            t["partitions_done"],
             t["partitions"],
             v["state"].as_str().unwrap_or("")
         ));
@@ -691,12 +701,12 @@ async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
                         .with_prefix(key),
                 )
             });
-            let done = shard["documentsScanned"].as_i64().unwrap_or(0);
-            bar.set_length(shard["approxDocuments"].as_i64().unwrap_or(0).max(done) as u64);
+            let done = shard["documents_scanned"].as_i64().unwrap_or(0);
+            bar.set_length(shard["approx_documents"].as_i64().unwrap_or(0).max(done) as u64);
             bar.set_position(done as u64);
             bar.set_message(format!(
                 "{}/{} partitions, {} left",
-                shard["partitionsDone"], shard["partitions"], shard["documentsLeft"]
+                shard["partitions_done"], shard["partitions"], shard["documents_left"]
             ));
         }
         facts.set_message(facts_line(v));
@@ -723,22 +733,22 @@ fn facts_line(v: &serde_json::Value) -> String {
     let epoch = v["epoch"].as_i64();
     let behind = routers
         .iter()
-        .filter(|r| r["acknowledgedEpoch"].as_i64() != epoch)
+        .filter(|r| r["acknowledged_epoch"].as_i64() != epoch)
         .count();
     let p99 = routers
         .iter()
-        .filter_map(|r| r["p99Ms"].as_f64())
+        .filter_map(|r| r["p99_ms"].as_f64())
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
     format!(
         "rate {:.0}/{:.0} docs/s | routers {} ({} behind epoch {}), p99 {} | dead letters {} | findings {} | bypasses {}",
-        not_negative(t["appliedDocsPerSec"].as_f64().unwrap_or(0.0)),
-        t["configuredDocsPerSec"].as_f64().unwrap_or(0.0),
+        not_negative(t["applied_docs_per_sec"].as_f64().unwrap_or(0.0)),
+        t["configured_docs_per_sec"].as_f64().unwrap_or(0.0),
         routers.len(),
         behind,
         v["epoch"],
         p99.map_or("-".to_owned(), |p| format!("{p:.1} ms")),
-        v["backfill"]["deadLettersOpen"],
-        v["findingsOpen"],
+        v["backfill"]["dead_letters_open"],
+        v["findings_open"],
         v["bypasses"]["open"],
     )
 }

@@ -16,18 +16,20 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
             batch_size,
             target_batch_latency,
             capacity_signal_after,
+            latency_budget,
             reason,
         } => {
             let any = max_docs_per_sec.is_some()
                 || max_in_flight_per_shard.is_some()
                 || batch_size.is_some()
                 || target_batch_latency.is_some()
-                || capacity_signal_after.is_some();
+                || capacity_signal_after.is_some()
+                || latency_budget.is_some();
             if !any {
                 return Err(Error::bad_input(
                     "nothing to set: give at least one of --max-docs-per-sec, \
                      --max-in-flight-per-shard, --batch-size, --target-batch-latency, \
-                     --capacity-signal-after (the partition size is set with `reshard \
+                     --capacity-signal-after, --latency-budget (the partition size is set with `reshard \
                      migration configure ID --documents-per-partition N`, before the backfill)",
                 ));
             }
@@ -51,6 +53,9 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
                         }
                         if let Some(v) = capacity_signal_after {
                             s.capacity_signal_after_secs = v.as_secs();
+                        }
+                        if let Some(budget) = latency_budget {
+                            budget.apply(s);
                         }
                     },
                     &ctx.actor,

@@ -46,6 +46,14 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
         Duration::from_secs(5),
         shutdown.clone(),
     ));
+    // Events reach the migration's hooks while the worker runs (a capacity signal, a failure).
+    tokio::spawn(crate::driver::hooks::follow(
+        ctx.store.clone(),
+        migration,
+        config_actor.clone(),
+        Duration::from_secs(1),
+        shutdown.clone(),
+    ));
     tracing::info!(worker = %name, migration = ?migration, "worker started");
     let summary = worker.run(shutdown).await.map_err(|e| match e {
         crate::backfill::WorkerError::Store(s) => Error::from(s),

@@ -17,6 +17,7 @@
 pub mod bypass;
 pub mod capacity;
 pub mod deadletters;
+pub mod hooks;
 pub mod playbook;
 pub mod reconcile;
 pub mod wait;
@@ -150,6 +151,10 @@ impl Driver {
         // A move asked for while the state store is down waits for it (up to the timeout):
         // routers serve on meanwhile, and nothing moves without the store.
         let current = self.migration_when_reachable(id, options.timeout).await?;
+        // Blocking hooks have run for everything recorded so far before anything moves.
+        if !options.dry_run {
+            self.deliver_hooks(id).await?;
+        }
         // A driver that stopped inside a write switch left it there (routers hold writes):
         // finish the switch, forward or back, before anything else.
         if matches!(current.phase(), Phase::WriteSwitch | Phase::RevertSwitch) && !options.dry_run {
@@ -218,7 +223,53 @@ impl Driver {
             self.barrier(&reached, options.timeout).await?;
             self.finish(&reached, options.timeout).await?;
         }
-        Ok(())
+        // The move is made: a store that went away since only delays the hooks (the next
+        // delivery sends what is pending), but a blocking hook that failed is the move's news.
+        self.deliver_hooks_after_move(id).await
+    }
+
+    async fn deliver_hooks_after_move(&self, id: i64) -> Result<()> {
+        match hooks::deliver(&self.store, Some(id), hooks::Wait::ForOthers, &self.actor).await {
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(migration = id, "hooks not delivered after the move: {e}");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+            Ok(done) => self.held(id, &done).await,
+        }
+    }
+
+    /// Delivers the migration's events to its hooks, waiting for a delivery another process
+    /// has under way. Fails when a blocking hook failed (the migration is paused then).
+    pub async fn deliver_hooks(&self, id: i64) -> Result<()> {
+        let done =
+            hooks::deliver(&self.store, Some(id), hooks::Wait::ForOthers, &self.actor).await?;
+        self.held(id, &done).await
+    }
+
+    /// The error of a delivery in which a blocking hook failed.
+    async fn held(&self, id: i64, done: &hooks::Delivered) -> Result<()> {
+        if done.held.is_empty() {
+            return Ok(());
+        }
+        let hooks = self.store.hooks(id).await?;
+        let errors: Vec<String> = hooks
+            .iter()
+            .filter(|h| done.held.contains(&h.name))
+            .map(|h| {
+                format!(
+                    "{:?}: {}",
+                    h.name,
+                    h.last_error.as_deref().unwrap_or("failed")
+                )
+            })
+            .collect();
+        Err(Error::failed(format!(
+            "blocking hook {} failed, and migration {id} is paused; fix the hook (or `reshard \
+             hook remove {id} NAME`), then `reshard migration resume {id}` delivers the event \
+             again",
+            errors.join("; ")
+        )))
     }
 
     /// Migration `id`, waiting through a state-store outage for up to `timeout`.

@@ -111,6 +111,12 @@ pub async fn run(driver: &Driver, pb: &Playbook, options: &RunOptions) -> Result
         None => create(driver, pb, &content).await?,
     };
     let id = migration.id;
+    // The hooks first, so that they hear about every step this run takes.
+    driver
+        .store
+        .sync_playbook_hooks(id, &pb.hooks, &driver.actor)
+        .await?;
+    driver.deliver_hooks(id).await?;
     let done = driver.store.playbook_steps(name).await?;
     let count = pb.steps.len();
     for (position, step) in pb.steps.iter().enumerate() {
@@ -151,6 +157,11 @@ pub async fn run(driver: &Driver, pb: &Playbook, options: &RunOptions) -> Result
                 continue;
             }
             let command = format!("reshard approve {name} --step {}", step.name);
+            driver
+                .store
+                .request_approval(id, &step.name, message.as_deref(), &command, &driver.actor)
+                .await?;
+            driver.deliver_hooks(id).await?;
             driver.progress().step(
                 position,
                 count,

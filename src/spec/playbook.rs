@@ -88,6 +88,10 @@ pub struct PlaybookDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "CapacityDoc")]
     pub capacity: Option<CapacityDoc>,
+    /// Commands to run on the migration's events (`reshard hook list` shows them; a playbook
+    /// run keeps them in step with this list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookDoc>,
     /// The steps, in order. Left out: the whole forward path, with an approval before
     /// cleanup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -175,6 +179,35 @@ pub struct SettingsDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub shadow_read_percent: Option<f64>,
+    /// The application's latency budget: a p99 (`25ms`), a multiple of the p99 its routers
+    /// reported when the backfill was planned (`1.3x`), or `off` (the default). While a
+    /// router reports more, workers halve their rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_budget: Option<String>,
+}
+
+/// A hook: a shell command that gets each event it is on as JSON on stdin.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HookDoc {
+    /// Lower-case letters, digits, `.`, `_` and `-`; unique among the playbook's hooks.
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
+    pub name: String,
+    /// `phase_change`, `failure`, `capacity_signal`, `approval_gate`, `all`, or event kinds
+    /// (`rate_cut`, `bypass_found`, ...).
+    #[schemars(length(min = 1))]
+    pub on: Vec<String>,
+    /// Run with `sh -c`. Keep secrets in the environment (`$PAGER_TOKEN`), not here.
+    #[schemars(length(min = 1))]
+    pub command: String,
+    /// A failure pauses the migration until it is resumed (default: logged, and the
+    /// migration goes on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking: Option<bool>,
+    /// How long the command may run (`30s` when left out; 100ms to 1h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-duration" = true))]
+    pub timeout: Option<String>,
 }
 
 /// The capacity planner's inputs.
@@ -491,6 +524,8 @@ pub struct Playbook {
     pub target: RoutingVersion,
     /// The settings the playbook gives, over the defaults.
     pub settings: MigrationSettings,
+    /// The hooks it declares.
+    pub hooks: Vec<crate::hooks::NewHook>,
     pub steps: Vec<Step>,
 }
 
@@ -993,6 +1028,62 @@ fn allowed_properties(schema_path: &str) -> Option<String> {
     Some(properties.keys().cloned().collect::<Vec<_>>().join(", "))
 }
 
+/// The declared hooks, checked: names unique, events known, timeouts in range.
+fn hooks(docs: &[HookDoc], problems: &mut Problems) -> Vec<crate::hooks::NewHook> {
+    use crate::hooks::HookOn;
+    let mut names = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, h) in docs.iter().enumerate() {
+        let path = format!("hooks[{i}]");
+        if let Err(why) = crate::hooks::check_name(&h.name) {
+            problems.add(format!("{path}.name"), why);
+        } else if !names.insert(h.name.clone()) {
+            problems.add(
+                format!("{path}.name"),
+                format!("hook name {:?} is used twice; names must be unique", h.name),
+            );
+        }
+        let mut on = Vec::new();
+        for (j, name) in h.on.iter().enumerate() {
+            match HookOn::parse(name) {
+                Ok(o) if !on.contains(&o) => on.push(o),
+                Ok(_) => {}
+                Err(why) => problems.add(format!("{path}.on[{j}]"), why),
+            }
+        }
+        if h.on.is_empty() {
+            problems.add(format!("{path}.on"), "name at least one event");
+        }
+        if h.command.trim().is_empty() {
+            problems.add(format!("{path}.command"), "the command is empty");
+        }
+        let timeout = match &h.timeout {
+            None => Some(Duration::from_secs(30)),
+            Some(t) => duration(t, &format!("{path}.timeout"), problems).and_then(|d| {
+                if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+                    problems.add(
+                        format!("{path}.timeout"),
+                        format!("{t:?} is outside the allowed range: from 100ms to 1h"),
+                    );
+                    None
+                } else {
+                    Some(d)
+                }
+            }),
+        };
+        if let Some(timeout) = timeout {
+            out.push(crate::hooks::NewHook {
+                name: h.name.clone(),
+                on,
+                command: h.command.clone(),
+                blocking: h.blocking.unwrap_or(false),
+                timeout,
+            });
+        }
+    }
+    out
+}
+
 /// `"30s"`, `"500ms"`, `"5m"` at `path`.
 fn duration(text: &str, path: &str, problems: &mut Problems) -> Option<Duration> {
     match crate::duration::parse(text) {
@@ -1232,6 +1323,8 @@ fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
         }
     }
 
+    let hooks = hooks(&doc.hooks, problems);
+
     // Steps: default when left out; every one named, the names unique.
     let mut step_docs = doc.steps.clone().unwrap_or_else(default_steps);
     let mut names = BTreeSet::new();
@@ -1369,6 +1462,7 @@ fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
         source: source?,
         target: target?,
         settings: settings?,
+        hooks,
         steps,
     })
 }
@@ -1433,6 +1527,12 @@ fn settings(doc: &SettingsDoc, problems: &mut Problems) -> Option<MigrationSetti
     }
     if let Some(v) = doc.shadow_read_percent {
         s.shadow_read_percent = v;
+    }
+    if let Some(text) = &doc.latency_budget {
+        match crate::settings::LatencyBudget::parse(text) {
+            Ok(budget) => budget.apply(&mut s),
+            Err(why) => problems.add("settings.latency_budget", why),
+        }
     }
     let found = s.problems();
     for p in &found {

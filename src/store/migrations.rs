@@ -33,6 +33,9 @@ pub struct Migration {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// The p99 the application's routers reported when the backfill was planned (the base of
+    /// a relative latency budget); `None` when no router reported enough operations.
+    pub app_p99_baseline_ms: Option<f64>,
 }
 
 /// A phase read from its text column (checked by a constraint in the schema).
@@ -100,7 +103,7 @@ pub(super) const MIGRATION_COLUMNS: &str =
     "id, collection, from_version, to_version, phase, epoch, paused,
     failure_reason, settings, backfill_planned_at, backfill_completed_at, cleanup_planned_at,
     revert_planned_at, tombstones_purged_at, target_removed_at, sealed_at, created_at,
-    updated_at, finished_at";
+    updated_at, finished_at, app_p99_baseline_ms";
 
 impl Store {
     /// Plans a migration of `collection` from version `from` to version `to`. Refused while the

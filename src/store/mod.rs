@@ -7,6 +7,7 @@
 pub mod bypasses;
 pub mod events;
 mod gates;
+pub mod hooks;
 pub mod migrations;
 pub mod partitions;
 pub mod playbooks;

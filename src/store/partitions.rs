@@ -379,6 +379,16 @@ impl Store {
         .bind(migration_id)
         .execute(&mut *tx)
         .await?;
+        if task == Task::Backfill {
+            // The application's "before", for a latency budget relative to it.
+            let rows = super::routers::live_routers_in(&mut tx, &migration.collection).await?;
+            let baseline = crate::throttle::app_baseline_ms(&super::routers::reports(&rows));
+            sqlx::query("UPDATE migrations SET app_p99_baseline_ms = $2 WHERE id = $1")
+                .bind(migration_id)
+                .bind(baseline)
+                .execute(&mut *tx)
+                .await?;
+        }
         let kind = match task {
             Task::Backfill => EventKind::BackfillPlanned,
             Task::Cleanup => EventKind::CleanupPlanned,

@@ -236,6 +236,38 @@ impl Store {
 
     /// Records an approval of the playbook's step named `step` (which must be an approval
     /// step, `position` given by the caller from the pinned content).
+    /// Records that a playbook stopped at approval step `step` (an `approval_requested`
+    /// event), once per step: a re-run that stops there again records nothing new.
+    pub async fn request_approval(
+        &self,
+        migration_id: i64,
+        step: &str,
+        message: Option<&str>,
+        command: &str,
+        actor: &str,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool().begin().await?;
+        let migration = super::migrations::migration_for_update(&mut tx, migration_id).await?;
+        let asked: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM migration_events
+                            WHERE migration_id = $1 AND kind = 'approval_requested'
+                              AND details->>'step' = $2)",
+        )
+        .bind(migration_id)
+        .bind(step)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !asked {
+            let event = NewEvent::new(
+                EventKind::ApprovalRequested,
+                serde_json::json!({ "step": step, "message": message, "approve_with": command }),
+            );
+            events::insert(&mut tx, &migration, actor, &event).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn approve_step(
         &self,
         name: &str,

@@ -6,6 +6,7 @@ use sqlx::PgConnection;
 
 use super::migrations::Migration;
 use super::{Store, StoreError, StoreResult};
+use crate::throttle::RouterReport;
 
 /// A router that has not acknowledged a migration's current epoch.
 #[derive(Clone, Debug, Serialize)]
@@ -332,6 +333,13 @@ impl Store {
         Ok(rows)
     }
 
+    /// What the collection's live routers reported with their last heartbeat, one report
+    /// each (the throttle's view of the application).
+    pub async fn app_reports(&self, collection: &str) -> StoreResult<Vec<RouterReport>> {
+        let mut conn = self.pool().acquire().await?;
+        Ok(reports(&live_routers_in(&mut conn, collection).await?))
+    }
+
     pub async fn routers(&self, collection: Option<&str>) -> StoreResult<Vec<RouterRow>> {
         Ok(sqlx::query_as(
             "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
@@ -344,4 +352,34 @@ impl Store {
         .fetch_all(self.pool())
         .await?)
     }
+}
+
+/// The live routers of `collection`.
+pub(super) async fn live_routers_in(
+    conn: &mut sqlx::PgConnection,
+    collection: &str,
+) -> StoreResult<Vec<RouterRow>> {
+    Ok(sqlx::query_as(
+        "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
+                lease_expires_at, lease_expires_at > now() AS live,
+                extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs, stats
+         FROM routers WHERE collection = $1 AND lease_expires_at > now()",
+    )
+    .bind(collection)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Each router's last report over all its operations.
+pub(super) fn reports(rows: &[RouterRow]) -> Vec<RouterReport> {
+    rows.iter()
+        .map(|r| {
+            let all = &r.stats["all"];
+            RouterReport {
+                p99_ms: all["p99_ms"].as_f64(),
+                count: all["count"].as_u64().unwrap_or(0),
+                errors: all["errors"].as_u64().unwrap_or(0),
+            }
+        })
+        .collect()
 }
