@@ -4,8 +4,9 @@
 //! through the tenant key index, which [`crate::prepare`] creates), or everything. Documents
 //! that stay where they are still have to be read when the target's routing field has to be
 //! stamped on them, so a routing field the source lacks widens every location to everything.
-//! Each `_id` type bracket present is cut from a random sample of ids into partitions of about
-//! `documents_per_partition` documents.
+//! One pass over each location's ids (`_id` only) counts each `_id` type bracket and keeps a
+//! uniform sample; each bracket present is cut from its share of the sample into partitions of
+//! about `documents_per_partition` documents.
 
 use std::collections::BTreeMap;
 
@@ -139,7 +140,102 @@ pub fn partitions_of_bracket(
         .collect()
 }
 
+/// How many ids the planner keeps per source location to cut partitions from.
+pub const MAX_SAMPLE: usize = 20_000;
+
+/// What one pass over a location's ids learns: how many there are of each `_id` type bracket,
+/// the first id reshard cannot route, and a uniform sample of at most `capacity` ids (reservoir
+/// sampling, seeded: the same ids in the same order give the same plan). Pure: fed id by id.
+#[derive(Clone, Debug)]
+pub struct IdPass {
+    capacity: usize,
+    seen: u64,
+    per_bracket: BTreeMap<Bracket, u64>,
+    sample: Vec<Bson>,
+    rng: rand::rngs::StdRng,
+}
+
+impl IdPass {
+    pub fn new(capacity: usize) -> IdPass {
+        use rand::SeedableRng;
+        IdPass {
+            capacity: capacity.max(1),
+            seen: 0,
+            per_bracket: BTreeMap::new(),
+            sample: Vec::new(),
+            rng: rand::rngs::StdRng::seed_from_u64(0x007e_5a4d),
+        }
+    }
+
+    /// Takes one id; `Err(id)` for an id of a type reshard cannot route (it would belong to no
+    /// partition: every scan would skip it), or a NaN, which sorts below every bracket's floor.
+    pub fn observe(&mut self, id: &Bson) -> Result<(), Bson> {
+        let routable = match id {
+            Bson::Double(d) => !d.is_nan(),
+            Bson::Int32(_)
+            | Bson::Int64(_)
+            | Bson::String(_)
+            | Bson::ObjectId(_)
+            | Bson::Binary(_) => true,
+            _ => false,
+        };
+        let bracket = Bracket::of(id)
+            .filter(|_| routable)
+            .ok_or_else(|| id.clone())?;
+        *self.per_bracket.entry(bracket).or_default() += 1;
+        self.seen += 1;
+        if self.sample.len() < self.capacity {
+            self.sample.push(id.clone());
+        } else {
+            use rand::Rng;
+            let j = self.rng.gen_range(0..self.seen);
+            if (j as usize) < self.capacity {
+                self.sample[j as usize] = id.clone();
+            }
+        }
+        Ok(())
+    }
+
+    /// Ids seen.
+    pub fn count(&self) -> u64 {
+        self.seen
+    }
+
+    /// The location's partitions: each bracket present cut from its share of the sample into
+    /// partitions of about `documents_per_partition` (by its exact count).
+    pub fn partitions(
+        self,
+        location: &Location,
+        documents_per_partition: u64,
+        tenant_filter: Option<&serde_json::Value>,
+    ) -> Vec<NewPartition> {
+        let mut by_bracket: BTreeMap<Bracket, Vec<Bson>> = BTreeMap::new();
+        for id in self.sample {
+            if let Some(b) = Bracket::of(&id) {
+                by_bracket.entry(b).or_default().push(id);
+            }
+        }
+        let mut out = Vec::new();
+        for (bracket, count) in self.per_bracket {
+            out.extend(partitions_of_bracket(
+                location,
+                bracket,
+                by_bracket.remove(&bracket).unwrap_or_default(),
+                count,
+                documents_per_partition,
+                tenant_filter,
+            ));
+        }
+        out
+    }
+}
+
 /// Plans every source location of `from`. Reads only: the caller stores the plan.
+///
+/// One pass per location: the ids in scope, `_id` only (on MongoDB a covered scan of the `_id`
+/// index, or of the tenant index `{tenant, _id}` for a scoped location), counted per type
+/// bracket and sampled as they stream by. Nothing else is read: no count, no `$sample`, no
+/// probe per bracket.
 pub async fn plan(
     from: &RoutingVersion,
     to: &RoutingVersion,
@@ -165,97 +261,33 @@ pub async fn plan(
             location: location.clone(),
             source,
         };
-        let approx = if filter.is_empty() {
-            coll.estimated_document_count().await.map_err(read)?
-        } else {
-            coll.count_documents(filter.clone()).await.map_err(read)?
-        };
         let tenant_json = match &scope {
             MoveScope::Tenants(tenants) => Some(json!(tenants)),
             _ => None,
         };
-
-        // Ids of a type reshard cannot route would belong to no partition, and a NaN id
-        // sorts below every bracket floor (`{$gte: -Infinity}` does not match it): either
-        // would be skipped by every scan. Other unroutable numbers (a fraction) sit inside
-        // the number bracket and become dead letters there.
-        let mut unsupported = filter.clone();
-        unsupported.insert(
-            "$or",
-            vec![
-                doc! { "_id": { "$not": { "$type": ids::ROUTABLE_TYPES.to_vec() } } },
-                doc! { "_id": f64::NAN },
-            ],
-        );
-        if let Some(odd) = coll
-            .find_one(unsupported)
+        let mut pass = IdPass::new(MAX_SAMPLE);
+        let mut cursor = coll
+            .find(filter)
             .projection(doc! { "_id": 1 })
-            .await
-            .map_err(read)?
-        {
-            let id = odd.get("_id").cloned().unwrap_or(Bson::Null);
-            return Err(PlanError::UnsupportedId {
-                location: location.clone(),
-                type_name: format!("{:?}", id.element_type()),
-                example: ids::text(&id),
-            });
-        }
-
-        let wanted = partition_count(approx, settings.documents_per_partition);
-        let sample_size = (wanted * 32).clamp(256, 20_000) as i64;
-        let mut pipeline = Vec::new();
-        if !filter.is_empty() {
-            pipeline.push(doc! { "$match": filter.clone() });
-        }
-        pipeline.push(doc! { "$sample": { "size": sample_size } });
-        pipeline.push(doc! { "$project": { "_id": 1 } });
-        let sampled: Vec<Document> = coll
-            .aggregate(pipeline)
-            .await
-            .map_err(read)?
-            .try_collect()
+            .batch_size(10_000)
             .await
             .map_err(read)?;
-        let mut by_bracket: BTreeMap<Bracket, Vec<Bson>> = BTreeMap::new();
-        for d in sampled {
-            if let Some(id) = d.get("_id") {
-                if let Some(b) = Bracket::of(id) {
-                    by_bracket.entry(b).or_default().push(id.clone());
-                }
+        while let Some(d) = cursor.try_next().await.map_err(read)? {
+            let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+            if let Err(odd) = pass.observe(&id) {
+                return Err(PlanError::UnsupportedId {
+                    location: location.clone(),
+                    type_name: format!("{:?}", odd.element_type()),
+                    example: ids::text(&odd),
+                });
             }
         }
-        let sampled_total: usize = by_bracket.values().map(Vec::len).sum();
-
-        let mut partitions = Vec::new();
-        for bracket in Bracket::ALL {
-            // A bracket the sample missed may still hold a few documents: look.
-            let mut probe = filter.clone();
-            probe.insert("_id", doc! { "$gte": bracket.floor() });
-            let present = by_bracket.contains_key(&bracket)
-                || coll
-                    .find_one(probe)
-                    .projection(doc! { "_id": 1 })
-                    .await
-                    .map_err(read)?
-                    .is_some();
-            if !present {
-                continue;
-            }
-            let sample = by_bracket.remove(&bracket).unwrap_or_default();
-            let share = if sampled_total == 0 {
-                approx
-            } else {
-                (approx as f64 * sample.len() as f64 / sampled_total as f64).round() as u64
-            };
-            partitions.extend(partitions_of_bracket(
-                &location,
-                bracket,
-                sample,
-                share,
-                settings.documents_per_partition,
-                tenant_json.as_ref(),
-            ));
-        }
+        let approx = pass.count();
+        let partitions = pass.partitions(
+            &location,
+            settings.documents_per_partition,
+            tenant_json.as_ref(),
+        );
         plans.push(LocationPlan {
             location,
             scope,
@@ -333,6 +365,41 @@ pub fn plan_details(plans: &[LocationPlan]) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_pass_counts_brackets_refuses_unroutable_ids_and_keeps_a_bounded_uniform_sample() {
+        let mut pass = IdPass::new(100);
+        for i in 0..10_000_i64 {
+            pass.observe(&Bson::Int64(i)).unwrap();
+        }
+        for i in 0..50 {
+            pass.observe(&Bson::String(format!("s-{i:03}"))).unwrap();
+        }
+        assert_eq!(pass.count(), 10_050);
+        assert_eq!(pass.sample.len(), 100);
+        // Uniform: the kept numbers are spread over the whole range, not its start.
+        let numbers: Vec<i64> = pass.sample.iter().filter_map(|b| b.as_i64()).collect();
+        let mean = numbers.iter().sum::<i64>() as f64 / numbers.len() as f64;
+        assert!((3_000.0..7_000.0).contains(&mean), "{mean}");
+        for odd in [
+            Bson::Double(f64::NAN),
+            Bson::Null,
+            Bson::Boolean(true),
+            Bson::Decimal128(mongodb::bson::Decimal128::from_bytes([0; 16])),
+        ] {
+            // (NaN != NaN: compare what an operator is shown.)
+            let refused = pass.clone().observe(&odd).unwrap_err();
+            assert_eq!(format!("{refused:?}"), format!("{odd:?}"));
+        }
+        let parts = pass.partitions(&loc(), 2_500, None);
+        let numbers: Vec<_> = parts.iter().filter(|p| p.id_type == "number").collect();
+        let strings: Vec<_> = parts.iter().filter(|p| p.id_type == "string").collect();
+        assert_eq!(numbers.len(), 4, "{parts:?}");
+        assert_eq!(strings.len(), 1, "{parts:?}");
+        let total: i64 = parts.iter().map(|p| p.approx_documents.unwrap()).sum();
+        assert!((10_000..=10_100).contains(&total), "{total}");
+        assert_eq!(strings[0].approx_documents, Some(50));
+    }
 
     fn loc() -> Location {
         Location::new("s1", "orders")

@@ -119,8 +119,27 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
         workers: args.workers as usize,
         shutdown: stop_rx,
     };
+    // Events that in-process workers record (a capacity signal, a failure) reach the hooks
+    // while the run goes on, and whatever is left when it ends, before it exits.
+    let follow = (!args.dry_run).then(|| {
+        tokio::spawn(crate::driver::hooks::follow(
+            ctx.store.clone(),
+            None,
+            ctx.actor.clone(),
+            std::time::Duration::from_secs(1),
+            options.shutdown.clone(),
+        ))
+    });
     let end = crate::driver::playbook::run(&driver, &pb, &options).await;
     progress.clear();
+    if let Some(follow) = follow {
+        follow.abort();
+        if let Ok(Some(row)) = ctx.store.playbook(&pb.doc.name).await {
+            if let Err(e) = driver.deliver_hooks(row.migration_id).await {
+                tracing::warn!("hooks: {e}");
+            }
+        }
+    }
     let end = end?;
     let name = &pb.doc.name;
     match &end {
