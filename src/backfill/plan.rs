@@ -266,10 +266,19 @@ pub async fn plan(
             _ => None,
         };
         let mut pass = IdPass::new(MAX_SAMPLE);
-        let mut cursor = coll
-            .find(filter)
+        // Unscoped, the `_id` index answers alone (a covered scan; without the hint MongoDB
+        // would read every document); scoped, the tenant index `{tenant, _id}` does.
+        let hint = filter
+            .is_empty()
+            .then(|| mongodb::options::Hint::Keys(doc! { "_id": 1 }));
+        let options = mongodb::options::FindOptions::builder()
             .projection(doc! { "_id": 1 })
             .batch_size(10_000)
+            .hint(hint)
+            .build();
+        let mut cursor = coll
+            .find(filter)
+            .with_options(options)
             .await
             .map_err(read)?;
         while let Some(d) = cursor.try_next().await.map_err(read)? {
