@@ -1,19 +1,21 @@
-//! Benchmark: unthrottled backfill throughput against the raw unordered ingest rate of the
-//! same target servers (BENCHMARKS.md, "Backfill throughput"). Run it with `cargo bench` (or `scripts/bench`):
+//! Benchmark: reshard's whole backfill against the raw copy baseline on the same servers and
+//! data, at several sizes (BENCHMARKS.md, "Backfill against the raw copy baseline"). Run it
+//! with `cargo bench --bench bench_backfill` (or `scripts/bench`).
 //!
-//! ```text
-//! cargo bench --bench bench_backfill
-//! ```
+//! Per size (`RESHARD_BENCH_DOCS`, a comma-separated list, default `60000,1000000`), on fresh
+//! servers: one source server (`s1`) holds the collection; three target servers (`s2..s4`)
+//! receive it (`default_buckets: 4`, so every document moves). In one run:
 //!
-//! One source server (`s1`) holds N documents in one collection; three target servers
-//! (`s2..s4`) receive them. The raw ingest writes pre-built copies (no reading, no planning,
-//! no checkpoints) through the same bulk writer with the same number of batches in flight;
-//! the backfill is a real worker (planning, leases, one cursor per partition, checkpoints in
-//! Postgres, `w: majority, j: true`) with the throttle lifted. Raw runs before and after the
-//! copy, into fresh collections, and the ratio uses their mean. Last, in the same run, the raw
-//! copy baseline (issue 16): one cursor reading the source, the same writer, two batches in
-//! flight, no PostgreSQL; `whole_backfill_over_raw_copy` is reshard's backfill (planning
-//! included) over it, `copy_after_planning_over_raw_copy` the copy alone.
+//! 1. the raw copy baseline (issue 16): one cursor reading the source in `_id` order, the
+//!    copies built by the same `prepare_batch`, written through the same bulk writer and write
+//!    concern (`w: majority, j: true`), two batches in flight, no PostgreSQL, no planning;
+//! 2. reshard: a real `reshard worker` process (planning, leases, checkpoints in PostgreSQL)
+//!    with the throttle lifted, until the backfill is done; its CPU time and peak resident
+//!    memory come from the kernel (`wait4`);
+//! 3. the baseline again, so that neither side has the emptier servers: the ratio uses the
+//!    mean of the two.
+//!
+//! The baseline's copies go to collections of their own, dropped after each run.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -22,8 +24,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, Document};
-use reshard::backfill::{prepare_batch, Worker, WorkerConfig};
-use reshard::copy::{BulkWriter, WriteOp, WriterOptions};
+use reshard::backfill::prepare_batch;
+use reshard::copy::{BulkWriter, WriterOptions};
 use reshard::phase::{Action, Phase};
 use reshard::routing::Location;
 use reshard::store::partitions::Task;
@@ -32,7 +34,7 @@ use serde_json::json;
 use support::{MongoServer, PgDb, Shards};
 
 const BATCH: usize = 1_000;
-const CONCURRENCY: usize = 2;
+const IN_FLIGHT: usize = 2;
 
 const V1: &str = "tenant_key: customerId
 layout: hashed
@@ -56,48 +58,21 @@ placement:
     shard: s4
 ";
 
-fn documents(n: usize) -> Vec<Document> {
-    (0..n)
-        .map(|i| {
-            doc! {
-                "_id": format!("o-{i:08}"),
-                "customerId": format!("c-{:05}", i % 5_000),
-                "total": i as i64,
-                "status": "paid",
-                "lines": [{ "sku": format!("sku-{}", i % 97), "qty": 1 }],
-                "note": "x".repeat(120),
-            }
-        })
-        .collect()
-}
-
-/// Writes pre-built batches with `CONCURRENCY` batches in flight, as the worker's loops do.
-async fn raw_ingest(writer: &BulkWriter, batches: Vec<Vec<reshard::copy::Statement>>) -> Duration {
-    let started = Instant::now();
-    let queue = std::sync::Arc::new(tokio::sync::Mutex::new(batches.into_iter()));
-    let tasks: Vec<_> = (0..CONCURRENCY)
-        .map(|_| {
-            let (queue, writer) = (queue.clone(), writer.clone());
-            tokio::spawn(async move {
-                loop {
-                    let next = queue.lock().await.next();
-                    let Some(batch) = next else { return };
-                    let report = writer.write(batch).await.unwrap();
-                    assert_eq!(report.counts.dead_lettered, 0);
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
+fn document(i: usize) -> Document {
+    doc! {
+        "_id": format!("o-{i:08}"),
+        "customerId": format!("c-{:05}", i % 5_000),
+        "total": i as i64,
+        "status": "paid",
+        "lines": [{ "sku": format!("sku-{}", i % 97), "qty": 1 }],
+        "note": "x".repeat(120),
     }
-    started.elapsed()
 }
 
 /// The physical limit on this machine (issue 16's baseline): one cursor reading the source in
 /// `_id` order, the same copies written through the same writer and write concern, two batches
 /// in flight, no PostgreSQL, no planning. Reading overlaps writing: the reader fills a queue of
-/// `CONCURRENCY` batches that the writers drain.
+/// `IN_FLIGHT` batches that the writers drain.
 async fn raw_copy(
     source: &mongodb::Collection<Document>,
     writer: &BulkWriter,
@@ -106,9 +81,9 @@ async fn raw_copy(
     collection: &str,
 ) -> Duration {
     let started = Instant::now();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<reshard::copy::Statement>>(CONCURRENCY);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<reshard::copy::Statement>>(IN_FLIGHT);
     let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
-    let writers: Vec<_> = (0..CONCURRENCY)
+    let writers: Vec<_> = (0..IN_FLIGHT)
         .map(|_| {
             let (rx, writer) = (rx.clone(), writer.clone());
             tokio::spawn(async move {
@@ -155,20 +130,89 @@ async fn raw_copy(
     started.elapsed()
 }
 
-fn main() {
-    support::bench_main("bench_backfill", unthrottled_copy_against_raw_ingest);
+/// What the kernel accounted for a child process that ran to its end.
+struct ChildUsage {
+    wall: Duration,
+    cpu_seconds: f64,
+    peak_rss_mib: f64,
+    success: bool,
 }
 
-async fn unthrottled_copy_against_raw_ingest() {
-    let n: usize = std::env::var("RESHARD_BENCH_DOCS")
+/// Runs `command` to its end and reads its CPU time and peak resident set from `wait4`.
+fn run_measured(mut command: std::process::Command) -> ChildUsage {
+    let started = Instant::now();
+    let child = command.spawn().expect("the reshard binary starts");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value, and `wait4` fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(
+        waited,
+        pid,
+        "wait4 failed: {}",
+        std::io::Error::last_os_error()
+    );
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    ChildUsage {
+        wall: started.elapsed(),
+        cpu_seconds: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        // Linux reports kilobytes.
+        peak_rss_mib: usage.ru_maxrss as f64 / 1024.0,
+        success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+    }
+}
+
+fn main() {
+    support::bench_main("bench_backfill", backfill_against_raw_copy);
+}
+
+async fn backfill_against_raw_copy() {
+    let sizes: Vec<usize> = std::env::var("RESHARD_BENCH_DOCS")
+        .unwrap_or_else(|_| "60000,1000000".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("RESHARD_BENCH_DOCS: numbers, comma-separated")
+        })
+        .collect();
+    let mut results = Vec::new();
+    for n in sizes {
+        let result = one_size(n).await;
+        eprintln!("{}", serde_json::to_string(&result).unwrap());
+        results.push(result);
+    }
+    println!("{}", serde_json::to_string_pretty(&results).unwrap());
+    println!();
+    println!(
+        "| documents | partitions | raw copy baseline (before / after) | reshard, whole (planning included) | whole / baseline | planning | copy after planning / baseline | worker CPU, share of the machine | worker peak RSS |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in &results {
+        println!(
+            "| {} | {} | {} / {} docs/s | {} docs/s | {:.2} | {:.2} s | {:.2} | {:.1} s, {:.1} % | {:.1} MiB |",
+            r["documents"],
+            r["partitions"],
+            r["raw_copy_before_docs_per_sec"],
+            r["raw_copy_after_docs_per_sec"],
+            r["reshard_docs_per_sec"],
+            r["whole_backfill_over_raw_copy"].as_f64().unwrap(),
+            r["plan_seconds"].as_f64().unwrap(),
+            r["copy_after_planning_over_raw_copy"].as_f64().unwrap(),
+            r["worker_cpu_seconds"].as_f64().unwrap(),
+            100.0 * r["worker_cpu_share_of_machine"].as_f64().unwrap(),
+            r["worker_peak_rss_mib"].as_f64().unwrap(),
+        );
+    }
+}
+
+async fn one_size(n: usize) -> serde_json::Value {
+    // Partitions the planner is told to aim at (by default it chooses from the size and the
+    // workers).
+    let partitions: Option<usize> = std::env::var("RESHARD_BENCH_PARTITIONS")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60_000);
-    // Partitions the planner aims at (each opens one `_id`-range cursor on the source).
-    let partitions: usize = std::env::var("RESHARD_BENCH_PARTITIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
+        .and_then(|v| v.parse().ok());
     let shards = Shards::start(4).await;
     let pg = PgDb::fresh().await;
     let store = Store::connect_unchecked(&pg.url()).await.unwrap();
@@ -217,7 +261,9 @@ async fn unthrottled_copy_against_raw_ingest() {
             |s| {
                 s.max_docs_per_sec = 1e9;
                 s.batch_size = BATCH;
-                s.documents_per_partition = (n / partitions).max(1) as u64;
+                if let Some(p) = partitions {
+                    s.documents_per_partition = Some((n / p).max(1) as u64);
+                }
             },
             "bench",
             None,
@@ -225,62 +271,42 @@ async fn unthrottled_copy_against_raw_ingest() {
         .await
         .unwrap();
 
-    let docs = documents(n);
     let source = databases["s1"].collection::<Document>("orders");
-    for chunk in docs.chunks(5_000) {
-        source
-            .insert_many(chunk.to_vec())
-            .ordered(false)
-            .await
-            .unwrap();
+    let loading = Instant::now();
+    for start in (0..n).step_by(5_000) {
+        let chunk: Vec<Document> = (start..(start + 5_000).min(n)).map(document).collect();
+        source.insert_many(chunk).ordered(false).await.unwrap();
     }
-    let here = Location::new("s1", "orders");
-    let prebuilt = |collection: &str| -> Vec<Vec<reshard::copy::Statement>> {
-        docs.chunks(BATCH)
-            .map(|chunk| {
-                prepare_batch(&v1, &v2, &here, 1, chunk.to_vec())
-                    .statements
-                    .into_iter()
-                    .map(|mut s| {
-                        s.location.collection = collection.to_owned();
-                        assert!(matches!(s.op, WriteOp::Insert(_)));
-                        s
-                    })
-                    .collect()
-            })
-            .collect()
-    };
+    let load_seconds = loading.elapsed().as_secs_f64();
     let writer = BulkWriter::new(databases.clone(), WriterOptions::default());
+    let drop_copies = |collection: &'static str| {
+        let databases = databases.clone();
+        async move {
+            for shard in ["s2", "s3", "s4"] {
+                databases[shard]
+                    .collection::<Document>(collection)
+                    .drop()
+                    .await
+                    .unwrap();
+            }
+        }
+    };
 
-    let raw_before = raw_ingest(&writer, prebuilt("raw_before")).await;
-    // What reading alone costs: the whole source through one cursor in `_id` order.
-    let started = Instant::now();
-    let mut cursor = source
-        .find(doc! {})
-        .sort(doc! { "_id": 1 })
-        .batch_size(BATCH as u32)
-        .await
-        .unwrap();
-    let mut read = 0;
-    while futures::TryStreamExt::try_next(&mut cursor)
-        .await
-        .unwrap()
-        .is_some()
-    {
-        read += 1;
-    }
-    assert_eq!(read, n);
-    let source_read = started.elapsed();
-    let mut config = WorkerConfig::new("bench");
-    config.migration = Some(m);
-    config.concurrency = CONCURRENCY;
-    config.exit_when_done = true;
-    let worker = Worker::with_shards(store.clone(), databases.clone(), config);
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    let started = Instant::now();
+    let before = raw_copy(&source, &writer, &v1, &v2, "raw_copy").await;
+    drop_copies("raw_copy").await;
+
+    let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"));
+    worker
+        .args(["worker", &m.to_string(), "--exit-when-done"])
+        .env("RESHARD_DATABASE_URL", pg.url())
+        .env(
+            "RESHARD_LOG",
+            std::env::var("RESHARD_BENCH_WORKER_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(std::process::Stdio::null());
     let wall = chrono::Utc::now();
-    let summary = worker.run(shutdown).await.unwrap();
-    let copy = started.elapsed();
+    let usage = run_measured(worker);
+    assert!(usage.success, "the worker failed");
     let planned_at = store
         .migration(m)
         .await
@@ -288,33 +314,32 @@ async fn unthrottled_copy_against_raw_ingest() {
         .backfill_planned_at
         .unwrap();
     let plan_seconds = (planned_at - wall).num_milliseconds() as f64 / 1000.0;
-    let raw_after = raw_ingest(&writer, prebuilt("raw_after")).await;
-    let baseline = raw_copy(&source, &writer, &v1, &v2, "raw_copy").await;
+
+    let after = raw_copy(&source, &writer, &v1, &v2, "raw_copy").await;
+    drop_copies("raw_copy").await;
 
     let totals = store.task_totals(m, Task::Backfill).await.unwrap();
     assert_eq!(totals.scanned as usize, n);
     assert_eq!(totals.inserted as usize, n, "{totals:?}");
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
-    let raw_mean = (rate(raw_before) + rate(raw_after)) / 2.0;
-    let result = json!({
+    let baseline = (rate(before) + rate(after)) / 2.0;
+    let copy = usage.wall.as_secs_f64();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    json!({
         "documents": n,
         "target_servers": 3,
         "batch": BATCH,
-        "batches_in_flight": CONCURRENCY,
         "partitions": totals.partitions,
-        "raw_before_docs_per_sec": rate(raw_before).round(),
-        "raw_after_docs_per_sec": rate(raw_after).round(),
-        "source_read_docs_per_sec": rate(source_read).round(),
+        "load_seconds": load_seconds,
+        "raw_copy_before_docs_per_sec": rate(before).round(),
+        "raw_copy_after_docs_per_sec": rate(after).round(),
+        "reshard_seconds": copy,
+        "reshard_docs_per_sec": (n as f64 / copy).round(),
         "plan_seconds": plan_seconds,
-        "copy_docs_per_sec": rate(copy).round(),
-        "copy_docs_per_sec_after_planning": (n as f64 / (copy.as_secs_f64() - plan_seconds)).round(),
-        "copy_seconds": copy.as_secs_f64(),
-        "copy_over_raw": rate(copy) / raw_mean,
-        "raw_copy_docs_per_sec": rate(baseline).round(),
-        "whole_backfill_over_raw_copy": rate(copy) / rate(baseline),
-        "copy_after_planning_over_raw_copy":
-            (n as f64 / (copy.as_secs_f64() - plan_seconds)) / rate(baseline),
-        "worker_batches": summary.batches,
-    });
-    println!("{}", serde_json::to_string_pretty(&result).unwrap());
+        "whole_backfill_over_raw_copy": n as f64 / copy / baseline,
+        "copy_after_planning_over_raw_copy": n as f64 / (copy - plan_seconds) / baseline,
+        "worker_cpu_seconds": usage.cpu_seconds,
+        "worker_cpu_share_of_machine": usage.cpu_seconds / (copy * cores),
+        "worker_peak_rss_mib": usage.peak_rss_mib,
+    })
 }

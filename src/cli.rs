@@ -614,8 +614,9 @@ pub enum MigrationCommand {
         /// Keep source collections that cleanup emptied (the default).
         #[arg(long)]
         keep_empty_source: bool,
-        /// Partition size the backfill's planner aims at; refused once the backfill is planned
-        /// (the partitions are cut by then).
+        /// The most documents in one backfill partition (default: one partition per worker
+        /// registered when the backfill is planned, at least 100,000 documents each); refused
+        /// once the backfill is planned (the partitions are cut by then).
         #[arg(long)]
         documents_per_partition: Option<u64>,
         /// Shadow reads: the percentage of reads (0 to 100) for which routers also read the

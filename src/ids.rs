@@ -107,7 +107,8 @@ pub fn after(id: &Bson) -> Result<Document, NotAnId> {
 /// MongoDB's order of `_id`s: brackets in sort order ([`Bracket`]); numbers by exact value
 /// whatever their width (an `int64` above 2^53 and the nearest `double` are told apart);
 /// strings by UTF-8 bytes; binary data by length, then subtype, then bytes; ObjectIds by bytes.
-/// Types reshard cannot route sort after all of these.
+/// Values of the types reshard cannot route sort by their [`Class`] among these (a `null`
+/// below every number, a boolean above every ObjectId); two of one such class compare equal.
 pub fn compare(a: &Bson, b: &Bson) -> Ordering {
     match (a, b) {
         (Bson::String(x), Bson::String(y)) => x.as_bytes().cmp(y.as_bytes()),
@@ -125,8 +126,8 @@ pub fn compare(a: &Bson, b: &Bson) -> Ordering {
     }
 }
 
-fn rank(b: &Bson) -> u8 {
-    Bracket::of(b).map_or(u8::MAX, |b| b as u8)
+fn rank(b: &Bson) -> Class {
+    Class::of(b)
 }
 
 /// A number as MongoDB compares it: integers exactly, doubles exactly, NaN below everything.
@@ -275,6 +276,269 @@ pub fn range_filter(
         cond.insert("$lt", upper.clone());
     }
     doc! { "_id": cond }
+}
+
+/// MongoDB's sort classes: the BSON types that compare with each other share one (every
+/// number; strings and symbols), and the classes follow each other in this order whatever the
+/// values (`canonicalizeBSONType`). Every `_id` falls in exactly one; reshard routes four of
+/// them ([`Bracket`]), but a range across classes ([`IdRange`]) holds the others too, so a
+/// scan of it meets every document and the ledger counts each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    MinKey,
+    Undefined,
+    Null,
+    Number,
+    String,
+    Object,
+    Array,
+    Binary,
+    ObjectId,
+    Boolean,
+    Date,
+    Timestamp,
+    Regex,
+    DbPointer,
+    JavaScript,
+    JavaScriptWithScope,
+    MaxKey,
+}
+
+impl Class {
+    /// Every class, in MongoDB's sort order.
+    pub const ALL: [Class; 17] = [
+        Class::MinKey,
+        Class::Undefined,
+        Class::Null,
+        Class::Number,
+        Class::String,
+        Class::Object,
+        Class::Array,
+        Class::Binary,
+        Class::ObjectId,
+        Class::Boolean,
+        Class::Date,
+        Class::Timestamp,
+        Class::Regex,
+        Class::DbPointer,
+        Class::JavaScript,
+        Class::JavaScriptWithScope,
+        Class::MaxKey,
+    ];
+
+    pub fn of(value: &Bson) -> Class {
+        match value {
+            Bson::MinKey => Class::MinKey,
+            Bson::Undefined => Class::Undefined,
+            Bson::Null => Class::Null,
+            Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => {
+                Class::Number
+            }
+            Bson::String(_) | Bson::Symbol(_) => Class::String,
+            Bson::Document(_) => Class::Object,
+            Bson::Array(_) => Class::Array,
+            Bson::Binary(_) => Class::Binary,
+            Bson::ObjectId(_) => Class::ObjectId,
+            Bson::Boolean(_) => Class::Boolean,
+            Bson::DateTime(_) => Class::Date,
+            Bson::Timestamp(_) => Class::Timestamp,
+            Bson::RegularExpression(_) => Class::Regex,
+            Bson::DbPointer(_) => Class::DbPointer,
+            Bson::JavaScriptCode(_) => Class::JavaScript,
+            Bson::JavaScriptCodeWithScope(_) => Class::JavaScriptWithScope,
+            Bson::MaxKey => Class::MaxKey,
+        }
+    }
+
+    /// The `$type` aliases that match exactly this class.
+    pub fn type_aliases(self) -> &'static [&'static str] {
+        match self {
+            Class::MinKey => &["minKey"],
+            Class::Undefined => &["undefined"],
+            Class::Null => &["null"],
+            Class::Number => &["number"],
+            Class::String => &["string", "symbol"],
+            Class::Object => &["object"],
+            Class::Array => &["array"],
+            Class::Binary => &["binData"],
+            Class::ObjectId => &["objectId"],
+            Class::Boolean => &["bool"],
+            Class::Date => &["date"],
+            Class::Timestamp => &["timestamp"],
+            Class::Regex => &["regex"],
+            Class::DbPointer => &["dbPointer"],
+            Class::JavaScript => &["javascript"],
+            Class::JavaScriptWithScope => &["javascriptWithScope"],
+            Class::MaxKey => &["maxKey"],
+        }
+    }
+}
+
+/// The partition type of a range across every class ([`IdRange`] with no bracket); the other
+/// partition types are bracket names ([`Bracket::name`]), which plans made before ranges
+/// crossed classes hold.
+pub const ANY_TYPE: &str = "any";
+
+/// A partition's ids: `[lower, upper)` within one bracket, or (`bracket: None`) in MongoDB's
+/// total order across every class, from the very first `_id` (`lower: None`) to the very last
+/// (`upper: None`). A plan's ranges across classes follow each other without a gap, so the
+/// scans of a plan meet every document, whatever its `_id`'s type. Bounds are ids reshard can
+/// route.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IdRange {
+    pub bracket: Option<Bracket>,
+    pub lower: Option<Bson>,
+    pub upper: Option<Bson>,
+}
+
+impl IdRange {
+    /// The range a partition of type `id_type` ([`ANY_TYPE`] or a bracket name) holds.
+    pub fn of_type(
+        id_type: &str,
+        lower: Option<Bson>,
+        upper: Option<Bson>,
+    ) -> Result<IdRange, String> {
+        let bracket = match id_type {
+            ANY_TYPE => None,
+            name => Some(Bracket::parse(name).ok_or_else(|| format!("unknown _id type {name:?}"))?),
+        };
+        Ok(IdRange {
+            bracket,
+            lower,
+            upper,
+        })
+    }
+
+    /// Every `_id` there is.
+    pub fn everything() -> IdRange {
+        IdRange {
+            bracket: None,
+            lower: None,
+            upper: None,
+        }
+    }
+
+    /// The partition type stored for this range.
+    pub fn type_name(&self) -> &'static str {
+        self.bracket.map_or(ANY_TYPE, Bracket::name)
+    }
+
+    /// Whether `id` lies in the range.
+    pub fn contains(&self, id: &Bson) -> bool {
+        if let Some(b) = self.bracket {
+            if Bracket::of(id) != Some(b) {
+                return false;
+            }
+        }
+        self.lower.as_ref().is_none_or(|l| compare(l, id).is_le())
+            && self.upper.as_ref().is_none_or(|u| compare(id, u).is_lt())
+    }
+
+    /// The `_id` condition of a scan of the range, whole or after `resume` (exclusive: a
+    /// checkpoint's last id, of any type). Merge it into a filter with [`and`].
+    pub fn filter(&self, resume: Option<&Bson>) -> Document {
+        if let Some(bracket) = self.bracket {
+            return range_filter(bracket, self.lower.as_ref(), resume, self.upper.as_ref());
+        }
+        let lower = match (resume, &self.lower) {
+            (Some(r), _) => Lower::After(r),
+            (None, Some(l)) => Lower::From(l),
+            (None, None) => Lower::Unbounded,
+        };
+        span_filter(lower, self.upper.as_ref())
+    }
+}
+
+/// Where a range across classes starts.
+#[derive(Clone, Copy, Debug)]
+enum Lower<'a> {
+    Unbounded,
+    From(&'a Bson),
+    After(&'a Bson),
+}
+
+fn is_nan(v: &Bson) -> bool {
+    matches!(v, Bson::Double(d) if d.is_nan())
+}
+
+/// `[lower, upper)` in MongoDB's total order, as conditions the `_id` index answers: a
+/// comparison only matches its operand's class, so the range is the part of `lower`'s class at
+/// or after it, every class between whole (`$type`), and the part of `upper`'s class below
+/// it. NaN, which every comparison but equality skips, is named where the range holds the
+/// bottom of the numbers.
+fn span_filter(lower: Lower<'_>, upper: Option<&Bson>) -> Document {
+    let whole = |c: Class| doc! { "_id": { "$type": c.type_aliases().to_vec() } };
+    let first = match lower {
+        Lower::Unbounded => None,
+        Lower::From(v) | Lower::After(v) => Some(Class::of(v)),
+    };
+    let last = upper.map(Class::of);
+    // The part of `lower`'s class the range holds, given what bounds it above in that class.
+    let lower_part = |v: &Bson, inclusive: bool, below: Option<&Bson>| -> Vec<Document> {
+        let mut cond = if is_nan(v) {
+            // Every number is above NaN (the one NaN `_id` there can be is `v` itself).
+            let mut parts = vec![];
+            if inclusive {
+                parts.push(doc! { "_id": f64::NAN });
+            }
+            let mut rest = doc! { "$gte": f64::NEG_INFINITY };
+            if let Some(u) = below {
+                rest.insert("$lt", u.clone());
+            }
+            parts.push(doc! { "_id": rest });
+            return parts;
+        } else if inclusive {
+            doc! { "$gte": v.clone() }
+        } else {
+            doc! { "$gt": v.clone() }
+        };
+        if let Some(u) = below {
+            cond.insert("$lt", u.clone());
+        }
+        vec![doc! { "_id": cond }]
+    };
+    let upper_part = |u: &Bson| -> Vec<Document> {
+        let mut parts = vec![doc! { "_id": { "$lt": u.clone() } }];
+        if Class::of(u) == Class::Number && !is_nan(u) {
+            parts.push(doc! { "_id": f64::NAN });
+        }
+        parts
+    };
+    let mut branches: Vec<Document> = Vec::new();
+    match (lower, upper) {
+        (Lower::Unbounded, None) => return Document::new(),
+        (Lower::From(v) | Lower::After(v), Some(u)) if first == last => {
+            branches.extend(lower_part(v, matches!(lower, Lower::From(_)), Some(u)));
+        }
+        _ => {
+            if let Lower::From(v) | Lower::After(v) = lower {
+                branches.extend(lower_part(v, matches!(lower, Lower::From(_)), None));
+            }
+            for c in Class::ALL {
+                let above_first = first.is_none_or(|f| c > f);
+                let below_last = last.is_none_or(|l| c < l);
+                if above_first && below_last {
+                    branches.push(whole(c));
+                }
+            }
+            if let Some(u) = upper {
+                branches.extend(upper_part(u));
+            }
+        }
+    }
+    match branches.len() {
+        1 => branches.pop().expect("one branch"),
+        _ => doc! { "$or": branches.into_iter().map(Bson::Document).collect::<Vec<_>>() },
+    }
+}
+
+/// `a` and `b` together: merged when their keys differ, else both under `$and`.
+pub fn and(mut a: Document, b: Document) -> Document {
+    if b.keys().any(|k| a.contains_key(k)) {
+        return doc! { "$and": [a, b] };
+    }
+    a.extend(b);
+    a
 }
 
 #[cfg(test)]
@@ -434,6 +698,120 @@ mod tests {
             None,
         );
         assert_eq!(f, doc! { "_id": { "$gt": 15 } });
+    }
+
+    #[test]
+    fn ranges_across_types_name_each_class_between_their_bounds() {
+        let all = IdRange::everything();
+        assert_eq!(all.filter(None), Document::new());
+        let whole = |aliases: &[&str]| doc! { "_id": { "$type": aliases.to_vec() } };
+        // From a number to a string: the numbers from 10, then the strings below "m".
+        let r = IdRange {
+            bracket: None,
+            lower: Some(Bson::Int32(10)),
+            upper: Some(Bson::String("m".into())),
+        };
+        assert_eq!(
+            r.filter(None),
+            doc! { "$or": [{ "_id": { "$gte": 10 } }, { "_id": { "$lt": "m" } }] }
+        );
+        // From the start to an ObjectId: every class below whole, NaN named.
+        let oid = Bson::ObjectId(ObjectId::from_bytes([7; 12]));
+        let first = IdRange {
+            bracket: None,
+            lower: None,
+            upper: Some(oid.clone()),
+        };
+        let mut branches: Vec<Bson> = [
+            whole(&["minKey"]),
+            whole(&["undefined"]),
+            whole(&["null"]),
+            whole(&["number"]),
+            whole(&["string", "symbol"]),
+            whole(&["object"]),
+            whole(&["array"]),
+            whole(&["binData"]),
+        ]
+        .into_iter()
+        .map(Bson::Document)
+        .collect();
+        branches.push(Bson::Document(doc! { "_id": { "$lt": oid.clone() } }));
+        assert_eq!(first.filter(None), doc! { "$or": branches });
+        // Below a number: NaN, which `$lt` skips, is named.
+        let below_five = IdRange {
+            bracket: None,
+            lower: None,
+            upper: Some(Bson::Int32(5)),
+        };
+        let f = below_five.filter(None);
+        let branches = f.get_array("$or").unwrap();
+        let names_nan = |b: &Bson| {
+            b.as_document()
+                .and_then(|d| d.get_f64("_id").ok())
+                .is_some_and(f64::is_nan)
+        };
+        assert!(branches.iter().any(names_nan), "{f}");
+        // Resumed after a boolean at the end of the last range: the rest of the booleans and
+        // every later class.
+        let last = IdRange {
+            bracket: None,
+            lower: Some(oid),
+            upper: None,
+        };
+        let f = last.filter(Some(&Bson::Boolean(false)));
+        let branches = f.get_array("$or").unwrap();
+        assert_eq!(
+            branches[0],
+            Bson::Document(doc! { "_id": { "$gt": false } })
+        );
+        assert_eq!(branches.last(), Some(&Bson::Document(whole(&["maxKey"]))));
+        assert_eq!(branches.len(), 1 + 7);
+        // Resumed after NaN (the bottom of the numbers) in a range within the numbers.
+        let numbers = IdRange {
+            bracket: None,
+            lower: None,
+            upper: Some(Bson::Int32(5)),
+        };
+        let f = numbers.filter(Some(&Bson::Double(f64::NAN)));
+        assert_eq!(
+            f,
+            doc! { "_id": { "$gte": f64::NEG_INFINITY, "$lt": 5 } },
+            "{f}"
+        );
+        // Ranges of old plans stay within their bracket.
+        let old = IdRange::of_type("string", None, Some(Bson::String("m".into()))).unwrap();
+        assert_eq!(old.filter(None), doc! { "_id": { "$gte": "", "$lt": "m" } });
+        assert!(IdRange::of_type("date", None, None).is_err());
+    }
+
+    #[test]
+    fn every_class_sorts_where_mongodb_sorts_it() {
+        let ordered = [
+            Bson::MinKey,
+            Bson::Null,
+            Bson::Int32(1),
+            Bson::String("a".into()),
+            Bson::Document(doc! {}),
+            Bson::Binary(Binary {
+                subtype: BinarySubtype::Generic,
+                bytes: vec![],
+            }),
+            Bson::ObjectId(ObjectId::from_bytes([0; 12])),
+            Bson::Boolean(false),
+            Bson::MaxKey,
+        ];
+        for w in ordered.windows(2) {
+            assert_eq!(compare(&w[0], &w[1]), Ordering::Less, "{} < {}", w[0], w[1]);
+            assert!(Class::of(&w[0]) < Class::of(&w[1]));
+        }
+        assert_eq!(
+            and(doc! { "a": 1 }, doc! { "$or": [{ "b": 1 }] }),
+            doc! { "a": 1, "$or": [{ "b": 1 }] }
+        );
+        assert_eq!(
+            and(doc! { "$or": [{ "a": 1 }] }, doc! { "$or": [{ "b": 1 }] }),
+            doc! { "$and": [{ "$or": [{ "a": 1 }] }, { "$or": [{ "b": 1 }] }] }
+        );
     }
 
     proptest! {

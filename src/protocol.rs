@@ -778,10 +778,117 @@ pub fn cleanup_decision<D>(target: &Found<D>) -> CleanupDecision {
     }
 }
 
+/// The batches of one partition a worker has in flight at once. They settle in any order,
+/// but the partition's checkpoint may pass a batch only once it and every batch before it
+/// settled well: a checkpoint is where a re-execution (after a failure, a lost lease, a
+/// takeover) starts, so everything after it must be unwritten or harmless to write again.
+/// A batch that did not settle well (a transient failure on every attempt, a write past the
+/// lease's deadline) ends the window: nothing from it on is recorded, and it and every
+/// batch after it are executed again from the checkpoint. `T` is what a batch brings to the
+/// checkpoint (its ledger).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BatchWindow<T> {
+    /// Number of the next batch to send.
+    sent: u64,
+    /// Number of the first batch not yet recorded.
+    recorded: u64,
+    /// Batches settled after it (`None`: not well).
+    settled: std::collections::BTreeMap<u64, Option<T>>,
+    /// A batch before which the window ended.
+    broken: bool,
+    /// Batches settled, well or not.
+    settled_count: u64,
+}
+
+impl<T> Default for BatchWindow<T> {
+    fn default() -> Self {
+        BatchWindow {
+            sent: 0,
+            recorded: 0,
+            settled: std::collections::BTreeMap::new(),
+            broken: false,
+            settled_count: 0,
+        }
+    }
+}
+
+impl<T> BatchWindow<T> {
+    /// A batch is sent: its number.
+    pub fn send(&mut self) -> u64 {
+        self.sent += 1;
+        self.sent - 1
+    }
+
+    /// Batch `n` settled: well (`Some(ledger)`) or not (`None`).
+    pub fn settle(&mut self, n: u64, outcome: Option<T>) {
+        debug_assert!(
+            n < self.sent && n >= self.recorded,
+            "batch {n} was not in flight"
+        );
+        self.settled.insert(n, outcome);
+        self.settled_count += 1;
+    }
+
+    /// What the checkpoint may record now, oldest first: the batches that settled well with
+    /// every batch before them. Taken out of the window.
+    pub fn recordable(&mut self) -> Vec<T> {
+        let mut out = Vec::new();
+        while !self.broken {
+            match self.settled.remove(&self.recorded) {
+                Some(Some(ledger)) => {
+                    out.push(ledger);
+                    self.recorded += 1;
+                }
+                Some(None) => self.broken = true,
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Batches sent and not yet recorded (in flight, or settled behind one that is).
+    pub fn in_flight(&self) -> usize {
+        (self.sent - self.recorded) as usize
+    }
+
+    /// Whether a batch failed: nothing from it on will be recorded; send no more.
+    pub fn broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Whether every batch sent has been settled (recorded, or behind a failed one).
+    pub fn idle(&self) -> bool {
+        self.settled_count == self.sent
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use Side::{Source as S, Target as T};
+
+    #[test]
+    fn a_checkpoint_passes_a_batch_only_after_every_earlier_batch_settled_well() {
+        let mut w = BatchWindow::default();
+        let (a, b, c) = (w.send(), w.send(), w.send());
+        assert_eq!(w.in_flight(), 3);
+        w.settle(b, Some("b"));
+        assert!(w.recordable().is_empty(), "b settled before a");
+        w.settle(a, Some("a"));
+        assert_eq!(w.recordable(), vec!["a", "b"]);
+        assert_eq!(w.in_flight(), 1);
+        assert!(!w.idle());
+        w.settle(c, Some("c"));
+        assert_eq!(w.recordable(), vec!["c"]);
+        assert!(w.idle());
+        // A failed batch ends the window: what settled after it is never recorded.
+        let (d, e) = (w.send(), w.send());
+        w.settle(e, Some("e"));
+        w.settle(d, None);
+        assert!(w.recordable().is_empty());
+        assert!(w.broken());
+        assert!(w.idle());
+    }
 
     type Script<'a> = &'a [(Step<&'static str, &'static str>, Answer<&'static str>)];
 

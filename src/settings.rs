@@ -22,8 +22,12 @@ pub struct MigrationSettings {
     pub target_batch_latency_ms: u64,
     /// Overload lasting this long is written to the event log as a capacity signal.
     pub capacity_signal_after_secs: u64,
-    /// The planner aims at partitions of about this many documents.
-    pub documents_per_partition: u64,
+    /// The most documents the planner puts in one partition. Unset (the default), the
+    /// planner cuts each source location into one partition per worker registered when it
+    /// plans, down to 100,000 documents each, and a location with no more than one worker
+    /// to keep busy is one partition, planned without reading it
+    /// (`backfill::plan::partition_count`).
+    pub documents_per_partition: Option<u64>,
     /// Reconciliation gate: the most missing documents a passing run may find.
     pub max_missing: u64,
     /// ... mismatched pristine copies.
@@ -57,7 +61,7 @@ impl Default for MigrationSettings {
             batch_size: t.batch_size,
             target_batch_latency_ms: t.target_batch_latency.as_millis() as u64,
             capacity_signal_after_secs: t.overload_window.as_secs(),
-            documents_per_partition: 100_000,
+            documents_per_partition: None,
             max_missing: 0,
             max_mismatched: 0,
             max_misplaced: 0,
@@ -146,7 +150,7 @@ impl MigrationSettings {
                 self.latency_budget_factor
             ));
         }
-        if self.documents_per_partition == 0 {
+        if self.documents_per_partition == Some(0) {
             problems.push("documents_per_partition: 0 is not allowed; use at least 1".into());
         }
         problems

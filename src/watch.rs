@@ -476,23 +476,12 @@ fn decode_token(bytes: &[u8]) -> Option<ResumeToken> {
 /// An `_id` range the cleaner has claimed on a source location.
 struct CleanedRange {
     location: Location,
-    bracket: Option<ids::Bracket>,
-    lower: Option<Bson>,
-    upper: Option<Bson>,
+    range: ids::IdRange,
 }
 
 impl CleanedRange {
     fn contains(&self, location: &Location, id: &Bson) -> bool {
-        &self.location == location
-            && ids::Bracket::of(id) == self.bracket
-            && self
-                .lower
-                .as_ref()
-                .is_none_or(|l| ids::compare(l, id).is_le())
-            && self
-                .upper
-                .as_ref()
-                .is_none_or(|u| ids::compare(id, u).is_lt())
+        &self.location == location && self.range.contains(id)
     }
 }
 
@@ -503,17 +492,17 @@ async fn cleaned_ranges(
     if migration.cleanup_planned_at.is_none() {
         return Ok(Vec::new());
     }
-    let decode = |b: &Option<Vec<u8>>| b.as_deref().and_then(|b| ids::decode(b).ok());
     Ok(store
         .partitions(migration.id, Task::Cleanup)
         .await?
         .into_iter()
         .filter(|p| p.started_at.is_some())
-        .map(|p| CleanedRange {
-            location: p.location(),
-            bracket: ids::Bracket::parse(&p.id_type),
-            lower: decode(&p.lower_bound),
-            upper: decode(&p.upper_bound),
+        // A range that cannot be read is no claim.
+        .filter_map(|p| {
+            Some(CleanedRange {
+                location: p.location(),
+                range: p.range().ok()?,
+            })
         })
         .collect())
 }
@@ -536,9 +525,11 @@ mod tests {
         let here = Location::new("s1", "orders");
         let r = CleanedRange {
             location: here.clone(),
-            bracket: Some(ids::Bracket::Number),
-            lower: Some(Bson::Int32(10)),
-            upper: Some(Bson::Int32(20)),
+            range: ids::IdRange {
+                bracket: Some(ids::Bracket::Number),
+                lower: Some(Bson::Int32(10)),
+                upper: Some(Bson::Int32(20)),
+            },
         };
         assert!(r.contains(&here, &Bson::Int64(10)));
         assert!(r.contains(&here, &Bson::Double(19.0)));
@@ -547,10 +538,27 @@ mod tests {
         assert!(!r.contains(&here, &Bson::String("15".into())));
         assert!(!r.contains(&Location::new("s2", "orders"), &Bson::Int32(15)));
         let open = CleanedRange {
-            lower: None,
-            upper: None,
-            ..r
+            location: here.clone(),
+            range: ids::IdRange {
+                lower: None,
+                upper: None,
+                ..r.range.clone()
+            },
         };
         assert!(open.contains(&here, &Bson::Int64(i64::MAX)));
+        // A range across types holds every type between its bounds.
+        let across = CleanedRange {
+            location: here.clone(),
+            range: ids::IdRange {
+                bracket: None,
+                lower: Some(Bson::Int32(10)),
+                upper: Some(Bson::String("m".into())),
+            },
+        };
+        assert!(across.contains(&here, &Bson::String("a".into())));
+        assert!(across.contains(&here, &Bson::Int64(i64::MAX)));
+        assert!(!across.contains(&here, &Bson::String("m".into())));
+        assert!(!across.contains(&here, &Bson::Int32(9)));
+        assert!(!across.contains(&here, &Bson::Null));
     }
 }

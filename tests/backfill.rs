@@ -575,7 +575,7 @@ async fn hot_tenant_and_new_shard_copy_exactly_what_moves() {
 
     fx.settings(|s| {
         s.max_docs_per_sec = 200_000.0;
-        s.documents_per_partition = 4_000;
+        s.documents_per_partition = Some(4_000);
     })
     .await;
     let copy_started = Instant::now();
@@ -650,7 +650,7 @@ async fn two_workers_share_the_partitions() {
     fx.settings(|s| {
         s.max_docs_per_sec = 1_000.0;
         s.batch_size = 100;
-        s.documents_per_partition = 300;
+        s.documents_per_partition = Some(300);
     })
     .await;
 
@@ -714,7 +714,7 @@ async fn a_killed_worker_is_taken_over_from_its_checkpoints() {
     fx.settings(|s| {
         s.max_docs_per_sec = 1_000.0;
         s.batch_size = 100;
-        s.documents_per_partition = 1_000;
+        s.documents_per_partition = Some(1_000);
     })
     .await;
 
@@ -855,7 +855,7 @@ async fn overload_cuts_the_rate_and_loses_nothing() {
     fx.settings(|s| {
         s.max_docs_per_sec = 600.0;
         s.batch_size = 50;
-        s.documents_per_partition = 400;
+        s.documents_per_partition = Some(400);
         s.capacity_signal_after_secs = 1;
     })
     .await;
@@ -1011,7 +1011,7 @@ async fn refused_copies_become_dead_letters_that_hold_the_gate() {
     fx.settings(|s| {
         s.max_docs_per_sec = 100_000.0;
         s.batch_size = 100;
-        s.documents_per_partition = 200;
+        s.documents_per_partition = Some(200);
     })
     .await;
 
@@ -1151,7 +1151,7 @@ async fn a_slow_target_shard_slows_only_the_copies_to_it() {
     fx.settings(|s| {
         s.max_docs_per_sec = 100_000.0;
         s.batch_size = 100;
-        s.documents_per_partition = 500;
+        s.documents_per_partition = Some(500);
     })
     .await;
     let to = |shard: &str| {
@@ -1240,7 +1240,7 @@ async fn a_worker_logs_claims_takeovers_finishes_and_progress_at_the_default_lev
     fx.settings(|s| {
         s.max_docs_per_sec = rate;
         s.batch_size = 10;
-        s.documents_per_partition = (scanned / 8).max(1);
+        s.documents_per_partition = Some((scanned / 8).max(1));
     })
     .await;
 

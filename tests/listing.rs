@@ -288,3 +288,89 @@ async fn move_to(w: &World, router: &Router, phase: Phase, old: &[(&str, Bson)])
         other => panic!("no way to {other:?} here"),
     }
 }
+
+/// Partitions are ranges across every `_id` type (issue 16): cut at the quantiles of a random
+/// sample of a collection whose ids have every type, routable or not, the partitions' scans,
+/// whole or resumed after any id they returned, meet every document exactly once, in order.
+#[tokio::test]
+async fn partition_ranges_across_types_meet_every_document_once() {
+    use reshard::backfill::plan;
+    use reshard::ids::IdRange;
+    let mut rng = StdRng::seed_from_u64(seed());
+    let w = World::start().await;
+    let coll = w.shards["s1"].collection::<Document>("ranges");
+    let mut taken = BTreeSet::new();
+    let mut all = random_ids(&mut rng, 120, &mut taken);
+    all.extend([
+        Bson::MinKey,
+        Bson::Null,
+        Bson::Double(f64::NAN),
+        Bson::Document(doc! { "a": 1 }),
+        Bson::Boolean(false),
+        Bson::Boolean(true),
+        Bson::DateTime(mongodb::bson::DateTime::from_millis(5)),
+        Bson::Timestamp(mongodb::bson::Timestamp {
+            time: 1,
+            increment: 1,
+        }),
+        Bson::MaxKey,
+    ]);
+    for id in &all {
+        coll.insert_one(doc! { "_id": id.clone() }).await.unwrap();
+    }
+    let read = |filter: Document| {
+        let coll = coll.clone();
+        async move {
+            let docs: Vec<Document> = futures::TryStreamExt::try_collect(
+                coll.find(filter).sort(doc! { "_id": 1 }).await.unwrap(),
+            )
+            .await
+            .unwrap();
+            docs.into_iter()
+                .map(|d| d.get("_id").unwrap().clone())
+                .collect::<Vec<Bson>>()
+        }
+    };
+    let everything = read(Document::new()).await;
+    assert_eq!(everything.len(), all.len());
+    let location = reshard::routing::Location::new("s1", "ranges");
+    for _ in 0..6 {
+        let parts = rng.gen_range(1..8);
+        let sample: Vec<Bson> = all.iter().filter(|_| rng.gen_bool(0.3)).cloned().collect();
+        let partitions = plan::partitions_of(&location, sample, all.len() as u64, parts, None);
+        let mut met = Vec::new();
+        for p in &partitions {
+            let d = |b: &Option<Vec<u8>>| b.as_deref().map(|b| ids::decode(b).unwrap());
+            let range = IdRange::of_type(&p.id_type, d(&p.lower_bound), d(&p.upper_bound)).unwrap();
+            let whole = read(range.filter(None)).await;
+            for id in &whole {
+                assert!(
+                    range.contains(id),
+                    "{id} read from {range:?}, which does not hold it"
+                );
+            }
+            if !whole.is_empty() {
+                let k = rng.gen_range(0..whole.len());
+                let rest = read(range.filter(Some(&whole[k]))).await;
+                assert_eq!(
+                    encoded(&rest),
+                    encoded(&whole[k + 1..]),
+                    "resumed after {} in {range:?}",
+                    whole[k]
+                );
+            }
+            met.extend(whole);
+        }
+        assert_eq!(
+            encoded(&met),
+            encoded(&everything),
+            "the {} partitions' scans, one after another, are the whole collection in order",
+            partitions.len()
+        );
+    }
+}
+
+/// Ids as bytes, so that a NaN equals itself.
+fn encoded(ids: &[Bson]) -> Vec<Vec<u8>> {
+    ids.iter().map(ids::encode).collect()
+}

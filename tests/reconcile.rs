@@ -167,7 +167,7 @@ impl Fixture {
                 fx.migration,
                 |s: &mut MigrationSettings| {
                     s.max_docs_per_sec = 200_000.0;
-                    s.documents_per_partition = 600;
+                    s.documents_per_partition = Some(600);
                 },
                 "test",
                 Some("test setup"),

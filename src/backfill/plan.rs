@@ -4,18 +4,16 @@
 //! through the tenant key index, which [`crate::prepare`] creates), or everything. Documents
 //! that stay where they are still have to be read when the target's routing field has to be
 //! stamped on them, so a routing field the source lacks widens every location to everything.
-//! One pass over each location's ids (`_id` only) counts each `_id` type bracket and keeps a
-//! uniform sample; each bracket present is cut from its share of the sample into partitions of
-//! about `documents_per_partition` documents.
-
-use std::collections::BTreeMap;
+//! A location is cut into ranges of `_id`s in MongoDB's total order across every type
+//! ([`ids::IdRange`]), as many as its size and the workers ask for ([`partition_count`]): a
+//! small collection is one range, read through one cursor, and costs the planner one count.
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use serde_json::json;
 
 use crate::envelope;
-use crate::ids::{self, Bracket};
+use crate::ids::{self, IdRange};
 use crate::routing::{KeyValue, Location, MoveScope, RoutingVersion};
 pub use crate::scope::tenant_filter;
 use crate::scope::{location_scope, scope_filter};
@@ -24,7 +22,7 @@ use crate::shards::Shards;
 use crate::store::partitions::{NewPartition, Partition, Task};
 
 /// The filter of a partition's scan: its tenants (a scoped scan) or what reshard wrote (the
-/// revert copier reads the target), and its `_id` range within its bracket, whole or
+/// revert copier reads the target), and its `_id` range ([`ids::IdRange`]), whole or
 /// (`from_checkpoint`) after its checkpoint. The one place a partition's range becomes a
 /// query, for every task.
 pub fn partition_filter(
@@ -32,10 +30,7 @@ pub fn partition_filter(
     p: &Partition,
     from_checkpoint: bool,
 ) -> Result<Document, String> {
-    let bracket =
-        Bracket::parse(&p.id_type).ok_or_else(|| format!("unknown _id type {:?}", p.id_type))?;
-    let decode = |b: &Option<Vec<u8>>| b.as_deref().map(ids::decode).transpose();
-    let mut filter = match &p.tenant_filter {
+    let filter = match &p.tenant_filter {
         _ if p.task == Task::Revert => envelope::written_by_reshard(),
         Some(tenants) => {
             let tenants: Vec<KeyValue> = serde_json::from_value(tenants.clone())
@@ -44,18 +39,11 @@ pub fn partition_filter(
         }
         None => Document::new(),
     };
-    let resume = if from_checkpoint {
-        decode(&p.last_id)?
-    } else {
-        None
+    let resume = match &p.last_id {
+        Some(bytes) if from_checkpoint => Some(ids::decode(bytes)?),
+        _ => None,
     };
-    filter.extend(ids::range_filter(
-        bracket,
-        decode(&p.lower_bound)?.as_ref(),
-        resume.as_ref(),
-        decode(&p.upper_bound)?.as_ref(),
-    ));
-    Ok(filter)
+    Ok(ids::and(filter, p.range()?.filter(resume.as_ref())))
 }
 
 /// What the planner decided for one source location.
@@ -63,7 +51,8 @@ pub fn partition_filter(
 pub struct LocationPlan {
     pub location: Location,
     pub scope: MoveScope,
-    pub approx_documents: u64,
+    /// `None`: not read when planned (one partition, sized afterwards).
+    pub approx_documents: Option<u64>,
     pub partitions: Vec<NewPartition>,
 }
 
@@ -77,34 +66,60 @@ pub enum PlanError {
         #[source]
         source: mongodb::error::Error,
     },
-    #[error(
-        "{location} holds documents whose _id is a {type_name} (for example {example}); \
-         reshard can only route string, integer (or whole double), ObjectId and binary ids"
-    )]
-    UnsupportedId {
-        location: Location,
-        type_name: String,
-        example: String,
-    },
 }
 
-/// How many partitions a bracket holding `approx` documents gets.
-pub fn partition_count(approx: u64, documents_per_partition: u64) -> usize {
-    let per = documents_per_partition.max(1);
-    (approx.div_ceil(per)).clamp(1, 10_000) as usize
+/// The fewest documents the planner gives a partition for the sake of spreading a location
+/// over more workers: below this, one more cursor costs more than it saves.
+pub const MIN_PARTITION_DOCUMENTS: u64 = 100_000;
+
+/// How many partitions a location of about `documents` documents is cut into: one for each
+/// of the `workers` the location may keep busy (the workers registered when it was planned,
+/// shared among the locations scanned) as long as each keeps at least
+/// [`MIN_PARTITION_DOCUMENTS`], and, when the operator set `documents_per_partition`, enough
+/// that none holds more; never fewer than one, so a small collection is one scan. A worker
+/// keeps its targets busy from one partition (several batches in flight), so more partitions
+/// only serve more workers.
+pub fn partition_count(
+    documents: u64,
+    documents_per_partition: Option<u64>,
+    workers: usize,
+) -> usize {
+    let by_size = documents_per_partition.map_or(1, |per| documents.div_ceil(per.max(1)));
+    let by_workers = (workers as u64).min(documents / MIN_PARTITION_DOCUMENTS);
+    by_size.max(by_workers).clamp(1, 10_000) as usize
 }
 
-/// Cuts one bracket's sampled ids into partitions.
-pub fn partitions_of_bracket(
+/// Whether a location is one partition whatever its size, so that planning it reads
+/// nothing: no partition size was set and no more than one worker is there to keep busy.
+pub fn one_partition_unread(documents_per_partition: Option<u64>, workers: usize) -> bool {
+    documents_per_partition.is_none() && workers <= 1
+}
+
+/// Whether an id may bound a partition: a value of a bracket reshard routes (every partition
+/// bound compares within a class the `_id` index orders), and not NaN.
+fn can_bound(id: &Bson) -> bool {
+    match id {
+        Bson::Double(d) => !d.is_nan(),
+        Bson::Int32(_) | Bson::Int64(_) | Bson::String(_) | Bson::ObjectId(_) | Bson::Binary(_) => {
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Cuts a location into `parts` ranges across every `_id` type ([`ids::IdRange`]) at the
+/// sample's quantiles: the first range starts before every `_id`, the last ends after every
+/// `_id`, and each begins where the one before ends, so the ranges cover every document
+/// whatever its `_id`'s type. Each range's `approx_documents` is its share of the sample.
+pub fn partitions_of(
     location: &Location,
-    bracket: Bracket,
-    mut sample: Vec<Bson>,
-    approx: u64,
-    documents_per_partition: u64,
+    sample: Vec<Bson>,
+    documents: u64,
+    parts: usize,
     tenant_filter: Option<&serde_json::Value>,
 ) -> Vec<NewPartition> {
+    let mut sample: Vec<Bson> = sample.into_iter().filter(can_bound).collect();
     sample.sort_by(ids::compare);
-    let parts = partition_count(approx, documents_per_partition);
     let points = ids::split_points(&sample, parts);
     let mut bounds: Vec<Option<Bson>> = vec![None];
     bounds.extend(points.into_iter().map(Some));
@@ -113,27 +128,23 @@ pub fn partitions_of_bracket(
     bounds
         .windows(2)
         .map(|w| {
-            let in_range = sample
-                .iter()
-                .filter(|id| {
-                    w[0].as_ref()
-                        .is_none_or(|l| ids::compare(id, l) != std::cmp::Ordering::Less)
-                        && w[1]
-                            .as_ref()
-                            .is_none_or(|u| ids::compare(id, u) == std::cmp::Ordering::Less)
-                })
-                .count() as f64;
+            let range = IdRange {
+                bracket: None,
+                lower: w[0].clone(),
+                upper: w[1].clone(),
+            };
+            let in_range = sample.iter().filter(|id| range.contains(id)).count() as f64;
             NewPartition {
                 source_shard: location.shard.clone(),
                 source_collection: location.collection.clone(),
-                id_type: bracket.name().to_owned(),
-                lower_bound: w[0].as_ref().map(ids::encode),
-                upper_bound: w[1].as_ref().map(ids::encode),
+                id_type: range.type_name().to_owned(),
+                lower_bound: range.lower.as_ref().map(ids::encode),
+                upper_bound: range.upper.as_ref().map(ids::encode),
                 tenant_filter: tenant_filter.cloned(),
                 approx_documents: Some(if sample.is_empty() {
-                    approx as i64
+                    documents as i64
                 } else {
-                    (approx as f64 * in_range / total).round() as i64
+                    (documents as f64 * in_range / total).round() as i64
                 }),
             }
         })
@@ -143,14 +154,17 @@ pub fn partitions_of_bracket(
 /// How many ids the planner keeps per source location to cut partitions from.
 pub const MAX_SAMPLE: usize = 20_000;
 
-/// What one pass over a location's ids learns: how many there are of each `_id` type bracket,
-/// the first id reshard cannot route, and a uniform sample of at most `capacity` ids (reservoir
-/// sampling, seeded: the same ids in the same order give the same plan). Pure: fed id by id.
+/// Sampled ids per partition wanted: the quantiles cut partitions within about an eighth of
+/// their size.
+const SAMPLE_PER_PARTITION: usize = 64;
+
+/// What one pass over a location's ids learns: how many there are, and a uniform sample of at
+/// most `capacity` of them (reservoir sampling, seeded: the same ids in the same order give
+/// the same plan). Pure: fed id by id.
 #[derive(Clone, Debug)]
 pub struct IdPass {
     capacity: usize,
     seen: u64,
-    per_bracket: BTreeMap<Bracket, u64>,
     sample: Vec<Bson>,
     rng: rand::rngs::StdRng,
 }
@@ -161,28 +175,13 @@ impl IdPass {
         IdPass {
             capacity: capacity.max(1),
             seen: 0,
-            per_bracket: BTreeMap::new(),
             sample: Vec::new(),
             rng: rand::rngs::StdRng::seed_from_u64(0x007e_5a4d),
         }
     }
 
-    /// Takes one id; `Err(id)` for an id of a type reshard cannot route (it would belong to no
-    /// partition: every scan would skip it), or a NaN, which sorts below every bracket's floor.
-    pub fn observe(&mut self, id: &Bson) -> Result<(), Bson> {
-        let routable = match id {
-            Bson::Double(d) => !d.is_nan(),
-            Bson::Int32(_)
-            | Bson::Int64(_)
-            | Bson::String(_)
-            | Bson::ObjectId(_)
-            | Bson::Binary(_) => true,
-            _ => false,
-        };
-        let bracket = Bracket::of(id)
-            .filter(|_| routable)
-            .ok_or_else(|| id.clone())?;
-        *self.per_bracket.entry(bracket).or_default() += 1;
+    /// Takes one id.
+    pub fn observe(&mut self, id: &Bson) {
         self.seen += 1;
         if self.sample.len() < self.capacity {
             self.sample.push(id.clone());
@@ -193,7 +192,6 @@ impl IdPass {
                 self.sample[j as usize] = id.clone();
             }
         }
-        Ok(())
     }
 
     /// Ids seen.
@@ -201,55 +199,52 @@ impl IdPass {
         self.seen
     }
 
-    /// The location's partitions: each bracket present cut from its share of the sample into
-    /// partitions of about `documents_per_partition` (by its exact count).
-    pub fn partitions(
-        self,
-        location: &Location,
-        documents_per_partition: u64,
-        tenant_filter: Option<&serde_json::Value>,
-    ) -> Vec<NewPartition> {
-        let mut by_bracket: BTreeMap<Bracket, Vec<Bson>> = BTreeMap::new();
-        for id in self.sample {
-            if let Some(b) = Bracket::of(&id) {
-                by_bracket.entry(b).or_default().push(id);
-            }
-        }
-        let mut out = Vec::new();
-        for (bracket, count) in self.per_bracket {
-            out.extend(partitions_of_bracket(
-                location,
-                bracket,
-                by_bracket.remove(&bracket).unwrap_or_default(),
-                count,
-                documents_per_partition,
-                tenant_filter,
-            ));
-        }
-        out
+    pub fn into_sample(self) -> Vec<Bson> {
+        self.sample
     }
 }
 
-/// Plans every source location of `from`. Reads only: the caller stores the plan.
+/// Plans every source location of `from` for `workers` workers. Reads only: the caller
+/// stores the plan.
 ///
-/// One pass per location: the ids in scope, `_id` only (on MongoDB a covered scan of the `_id`
-/// index, or of the tenant index `{tenant, _id}` for a scoped location), counted per type
-/// bracket and sampled as they stream by. Nothing else is read: no count, no `$sample`, no
-/// probe per bracket.
+/// What it reads, per location scanned (what it relies on, on MongoDB, in brackets):
+/// - nothing, when the location is one partition whatever its size
+///   ([`one_partition_unread`]: the default with one worker per location); its size is
+///   estimated after the plan is stored, while the copy runs ([`size_of`]);
+/// - otherwise a whole location's estimated size (`count` without a query: the collection's
+///   metadata) and, when that asks for more than one partition, a `$sample` of the ids (a
+///   random cursor while the sample is under 5 % of the collection);
+/// - or, for a location scoped to some tenants, a count of the scope (an index count on the
+///   tenant index `{tenant, _id}` that `prepare` creates) or, when it is cut, one pass over
+///   the ids in scope, counted and sampled as they stream by (a covered scan of that index).
+///
+/// Nothing more: no probe per `_id` type (the ranges cross types), so on servers without
+/// those index paths (the local stand-in scans for each query) planning costs at most one
+/// pass over each location.
 pub async fn plan(
     from: &RoutingVersion,
     to: &RoutingVersion,
     shards: &Shards,
     settings: &MigrationSettings,
+    workers: usize,
 ) -> Result<Vec<LocationPlan>, PlanError> {
+    let scanned: Vec<(Location, MoveScope, Document)> = from
+        .locations()
+        .into_iter()
+        .filter_map(|location| {
+            let scope = location_scope(from, to, &location);
+            scope_filter(&from.tenant_key, &scope).map(|filter| (location, scope, filter))
+        })
+        .collect();
+    // Each location scanned may keep its share of the workers busy.
+    let workers_per_location = workers.max(1).div_ceil(scanned.len().max(1));
     let mut plans = Vec::new();
     for location in from.locations() {
-        let scope = location_scope(from, to, &location);
-        let Some(filter) = scope_filter(&from.tenant_key, &scope) else {
+        let Some((_, scope, filter)) = scanned.iter().find(|(l, _, _)| *l == location) else {
             plans.push(LocationPlan {
+                scope: location_scope(from, to, &location),
                 location,
-                scope,
-                approx_documents: 0,
+                approx_documents: Some(0),
                 partitions: Vec::new(),
             });
             continue;
@@ -261,88 +256,148 @@ pub async fn plan(
             location: location.clone(),
             source,
         };
-        let tenant_json = match &scope {
+        let tenant_json = match scope {
             MoveScope::Tenants(tenants) => Some(json!(tenants)),
             _ => None,
         };
-        let mut pass = IdPass::new(MAX_SAMPLE);
-        // Unscoped, the `_id` index answers alone (a covered scan; without the hint MongoDB
-        // would read every document); scoped, the tenant index `{tenant, _id}` does.
-        let hint = filter
-            .is_empty()
-            .then(|| mongodb::options::Hint::Keys(doc! { "_id": 1 }));
-        let options = mongodb::options::FindOptions::builder()
-            .projection(doc! { "_id": 1 })
-            .batch_size(10_000)
-            .hint(hint)
-            .build();
-        let mut cursor = coll
-            .find(filter)
-            .with_options(options)
-            .await
-            .map_err(read)?;
-        while let Some(d) = cursor.try_next().await.map_err(read)? {
-            let id = d.get("_id").cloned().unwrap_or(Bson::Null);
-            if let Err(odd) = pass.observe(&id) {
-                return Err(PlanError::UnsupportedId {
-                    location: location.clone(),
-                    type_name: format!("{:?}", odd.element_type()),
-                    example: ids::text(&odd),
-                });
-            }
+        let parts_of = |documents: u64| {
+            partition_count(
+                documents,
+                settings.documents_per_partition,
+                workers_per_location,
+            )
+        };
+        if one_partition_unread(settings.documents_per_partition, workers_per_location) {
+            // Sized afterwards, off the copy's path ([`size_of`]).
+            let mut partition = whole(&location, tenant_json.as_ref(), 0);
+            partition.approx_documents = None;
+            plans.push(LocationPlan {
+                location,
+                scope: scope.clone(),
+                approx_documents: None,
+                partitions: vec![partition],
+            });
+            continue;
         }
-        let approx = pass.count();
-        let partitions = pass.partitions(
-            &location,
-            settings.documents_per_partition,
-            tenant_json.as_ref(),
-        );
+        let estimated = coll.estimated_document_count().await.map_err(read)?;
+        let (documents, partitions) = if parts_of(estimated) == 1 && filter.is_empty() {
+            (estimated, vec![whole(&location, None, estimated)])
+        } else if filter.is_empty() {
+            let parts = parts_of(estimated);
+            let size = (parts * SAMPLE_PER_PARTITION).min(MAX_SAMPLE) as i64;
+            let sample: Vec<Bson> = coll
+                .aggregate([
+                    doc! { "$sample": { "size": size } },
+                    doc! { "$project": { "_id": 1 } },
+                ])
+                .await
+                .map_err(read)?
+                .try_collect::<Vec<Document>>()
+                .await
+                .map_err(read)?
+                .into_iter()
+                .filter_map(|d| d.get("_id").cloned())
+                .collect();
+            let partitions = partitions_of(&location, sample, estimated, parts, None);
+            (estimated, partitions)
+        } else if parts_of(estimated) == 1 {
+            // The scope is no larger than the collection: one partition, sized by a count of
+            // the scope (an index count on MongoDB).
+            let documents = coll.count_documents(filter.clone()).await.map_err(read)?;
+            (
+                documents,
+                vec![whole(&location, tenant_json.as_ref(), documents)],
+            )
+        } else {
+            let mut pass = IdPass::new(MAX_SAMPLE);
+            let options = mongodb::options::FindOptions::builder()
+                .projection(doc! { "_id": 1 })
+                .batch_size(10_000)
+                .build();
+            let mut cursor = coll
+                .find(filter.clone())
+                .with_options(options)
+                .await
+                .map_err(read)?;
+            while let Some(d) = cursor.try_next().await.map_err(read)? {
+                pass.observe(d.get("_id").unwrap_or(&Bson::Null));
+            }
+            let documents = pass.count();
+            let partitions = partitions_of(
+                &location,
+                pass.into_sample(),
+                documents,
+                parts_of(documents),
+                tenant_json.as_ref(),
+            );
+            (documents, partitions)
+        };
         plans.push(LocationPlan {
             location,
-            scope,
-            approx_documents: approx,
+            scope: scope.clone(),
+            approx_documents: Some(documents),
             partitions,
         });
     }
     Ok(plans)
 }
 
-/// The revert copier's partitions: one per `_id` bracket present at each target location
-/// (what reshard wrote there, `_reshard` present, is read through one cursor each).
-pub async fn plan_revert(
-    to: &RoutingVersion,
-    shards: &Shards,
-) -> Result<Vec<NewPartition>, PlanError> {
-    let mut partitions = Vec::new();
-    for location in to.locations() {
-        let coll = shards
-            .collection(&location)
-            .map_err(|e| PlanError::UnknownShard(e.0))?;
-        for bracket in Bracket::ALL {
-            let mut probe = envelope::written_by_reshard();
-            probe.insert("_id", doc! { "$gte": bracket.floor() });
-            let found = coll
-                .find_one(probe)
-                .projection(doc! { "_id": 1 })
-                .await
-                .map_err(|source| PlanError::Read {
-                    location: location.clone(),
-                    source,
-                })?;
-            if found.is_some() {
-                partitions.push(NewPartition {
-                    source_shard: location.shard.clone(),
-                    source_collection: location.collection.clone(),
-                    id_type: bracket.name().to_owned(),
-                    lower_bound: None,
-                    upper_bound: None,
-                    tenant_filter: None,
-                    approx_documents: None,
-                });
-            }
-        }
+/// One partition holding every `_id` of a location (in scope).
+fn whole(
+    location: &Location,
+    tenant_filter: Option<&serde_json::Value>,
+    documents: u64,
+) -> NewPartition {
+    NewPartition {
+        source_shard: location.shard.clone(),
+        source_collection: location.collection.clone(),
+        id_type: ids::ANY_TYPE.to_owned(),
+        lower_bound: None,
+        upper_bound: None,
+        tenant_filter: tenant_filter.cloned(),
+        approx_documents: Some(documents as i64),
     }
-    Ok(partitions)
+}
+
+/// The estimated number of documents a whole-location partition scans, for progress and
+/// ETA: the collection's metadata count (what reshard wrote at a revert location is at most
+/// that), or a count of the tenants in scope. Run after the plan is stored, off the copy's
+/// path.
+pub async fn size_of(
+    from: &RoutingVersion,
+    shards: &Shards,
+    p: &Partition,
+) -> Result<u64, PlanError> {
+    let location = p.location();
+    let coll = shards
+        .collection(&location)
+        .map_err(|e| PlanError::UnknownShard(e.0))?;
+    let read = |source| PlanError::Read {
+        location: location.clone(),
+        source,
+    };
+    match &p.tenant_filter {
+        Some(_) if p.task != Task::Revert => {
+            let filter = partition_filter(from, p, false).map_err(|e| PlanError::Read {
+                location: location.clone(),
+                source: mongodb::error::Error::custom(e),
+            })?;
+            coll.count_documents(filter).await.map_err(read)
+        }
+        _ => coll.estimated_document_count().await.map_err(read),
+    }
+}
+
+/// The revert copier's partitions: one per target location, every `_id` of it (what reshard
+/// wrote there, `_reshard` present, is read through one cursor), sized afterwards.
+pub fn plan_revert(to: &RoutingVersion) -> Vec<NewPartition> {
+    to.locations()
+        .iter()
+        .map(|location| NewPartition {
+            approx_documents: None,
+            ..whole(location, None, 0)
+        })
+        .collect()
 }
 
 /// The event details of a plan: per location, its scope, size and partition count.
@@ -376,38 +431,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_pass_counts_brackets_refuses_unroutable_ids_and_keeps_a_bounded_uniform_sample() {
+    fn one_pass_counts_every_id_and_keeps_a_bounded_uniform_sample() {
         let mut pass = IdPass::new(100);
         for i in 0..10_000_i64 {
-            pass.observe(&Bson::Int64(i)).unwrap();
+            pass.observe(&Bson::Int64(i));
         }
-        for i in 0..50 {
-            pass.observe(&Bson::String(format!("s-{i:03}"))).unwrap();
-        }
-        assert_eq!(pass.count(), 10_050);
-        assert_eq!(pass.sample.len(), 100);
+        pass.observe(&Bson::Boolean(true));
+        assert_eq!(pass.count(), 10_001);
+        let sample = pass.into_sample();
+        assert_eq!(sample.len(), 100);
         // Uniform: the kept numbers are spread over the whole range, not its start.
-        let numbers: Vec<i64> = pass.sample.iter().filter_map(|b| b.as_i64()).collect();
+        let numbers: Vec<i64> = sample.iter().filter_map(|b| b.as_i64()).collect();
         let mean = numbers.iter().sum::<i64>() as f64 / numbers.len() as f64;
         assert!((3_000.0..7_000.0).contains(&mean), "{mean}");
-        for odd in [
-            Bson::Double(f64::NAN),
-            Bson::Null,
-            Bson::Boolean(true),
-            Bson::Decimal128(mongodb::bson::Decimal128::from_bytes([0; 16])),
-        ] {
-            // (NaN != NaN: compare what an operator is shown.)
-            let refused = pass.clone().observe(&odd).unwrap_err();
-            assert_eq!(format!("{refused:?}"), format!("{odd:?}"));
-        }
-        let parts = pass.partitions(&loc(), 2_500, None);
-        let numbers: Vec<_> = parts.iter().filter(|p| p.id_type == "number").collect();
-        let strings: Vec<_> = parts.iter().filter(|p| p.id_type == "string").collect();
-        assert_eq!(numbers.len(), 4, "{parts:?}");
-        assert_eq!(strings.len(), 1, "{parts:?}");
-        let total: i64 = parts.iter().map(|p| p.approx_documents.unwrap()).sum();
-        assert!((10_000..=10_100).contains(&total), "{total}");
-        assert_eq!(strings[0].approx_documents, Some(50));
     }
 
     fn loc() -> Location {
@@ -415,39 +451,79 @@ mod tests {
     }
 
     #[test]
-    fn partition_counts_round_up_and_are_bounded() {
-        assert_eq!(partition_count(0, 100), 1);
-        assert_eq!(partition_count(100, 100), 1);
-        assert_eq!(partition_count(101, 100), 2);
-        assert_eq!(partition_count(u64::MAX, 1), 10_000);
+    fn partition_counts_follow_the_size_and_the_workers() {
+        // Small collections are one scan, whatever the workers.
+        assert_eq!(partition_count(0, Some(100), 1), 1);
+        assert_eq!(partition_count(60_000, None, 8), 1);
+        // No partition above the size the operator set.
+        assert_eq!(partition_count(100, Some(100), 1), 1);
+        assert_eq!(partition_count(101, Some(100), 1), 2);
+        assert_eq!(partition_count(5_000_000, Some(2_000_000), 1), 3);
+        // One per worker while each keeps at least MIN_PARTITION_DOCUMENTS.
+        assert_eq!(partition_count(100_000_000, None, 1), 1);
+        assert_eq!(partition_count(1_000_000, None, 4), 4);
+        assert_eq!(partition_count(250_000, None, 4), 2);
+        assert_eq!(partition_count(1_000_000, Some(2_000_000), 4), 4);
+        assert_eq!(partition_count(u64::MAX, Some(1), 1), 10_000);
+        // Planning reads nothing only when a count could not change the answer.
+        assert!(one_partition_unread(None, 1));
+        assert!(!one_partition_unread(None, 2));
+        assert!(!one_partition_unread(Some(1_000_000), 1));
     }
 
     #[test]
-    fn a_bracket_is_cut_into_contiguous_ranges_covering_it() {
-        let sample: Vec<Bson> = (0..100)
+    fn a_location_is_cut_into_touching_ranges_across_types_that_cover_every_id() {
+        // A sample in no order, with ids reshard cannot route (never bounds).
+        let mut sample: Vec<Bson> = (0..100)
             .rev()
             .map(|i| Bson::String(format!("o-{i:03}")))
             .collect();
-        let parts = partitions_of_bracket(&loc(), Bracket::String, sample, 1_000, 250, None);
-        assert_eq!(parts.len(), 4);
+        sample.extend((0..50).map(Bson::Int32));
+        sample.push(Bson::Boolean(true));
+        sample.push(Bson::Double(f64::NAN));
+        let parts = partitions_of(&loc(), sample, 1_500, 3, None);
+        assert_eq!(parts.len(), 3);
+        assert!(parts.iter().all(|p| p.id_type == ids::ANY_TYPE));
         assert_eq!(parts[0].lower_bound, None);
-        assert_eq!(parts[3].upper_bound, None);
+        assert_eq!(parts[2].upper_bound, None);
         for w in parts.windows(2) {
             assert_eq!(w[0].upper_bound, w[1].lower_bound, "ranges must touch");
         }
         let approx: i64 = parts.iter().map(|p| p.approx_documents.unwrap()).sum();
-        assert_eq!(approx, 1_000);
-        assert!(parts.iter().all(|p| p.id_type == "string"));
+        assert!((1_490..=1_510).contains(&approx), "{approx}");
+        // Every id, of any type, lies in exactly one range.
+        let ranges: Vec<IdRange> = parts
+            .iter()
+            .map(|p| {
+                let d = |b: &Option<Vec<u8>>| b.as_deref().map(|b| ids::decode(b).unwrap());
+                IdRange::of_type(&p.id_type, d(&p.lower_bound), d(&p.upper_bound)).unwrap()
+            })
+            .collect();
+        for id in [
+            Bson::Null,
+            Bson::Double(f64::NAN),
+            Bson::Int32(-7),
+            Bson::Int64(40),
+            Bson::String("o-050".into()),
+            Bson::String("zzz".into()),
+            Bson::Document(doc! { "a": 1 }),
+            Bson::Boolean(false),
+            Bson::MaxKey,
+        ] {
+            let holding = ranges.iter().filter(|r| r.contains(&id)).count();
+            assert_eq!(holding, 1, "{id} lies in {holding} ranges");
+        }
     }
 
     #[test]
-    fn an_unsampled_bracket_is_one_partition() {
-        let parts = partitions_of_bracket(&loc(), Bracket::Number, vec![], 3, 100, None);
+    fn an_unsampled_location_is_one_range_of_everything() {
+        let parts = partitions_of(&loc(), vec![], 3, 4, None);
         assert_eq!(parts.len(), 1);
         assert_eq!(
             (parts[0].lower_bound.clone(), parts[0].upper_bound.clone()),
             (None, None)
         );
+        assert_eq!(parts[0].approx_documents, Some(3));
     }
 
     #[test]

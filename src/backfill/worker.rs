@@ -209,6 +209,22 @@ impl Worker {
     /// releases its leases), or, with `exit_when_done`, until the backfill is done.
     pub async fn run(&self, shutdown: watch::Receiver<bool>) -> Result<WorkerSummary, WorkerError> {
         let mut summary = WorkerSummary::default();
+        // Migrations this worker registered for while waiting for their backfill.
+        let mut waiting = std::collections::BTreeSet::new();
+        let result = self.work(shutdown, &mut summary, &mut waiting).await;
+        for id in waiting {
+            // Counted out at once rather than when the registration's lease runs out.
+            self.store.stop_worker(self.id, id).await?;
+        }
+        result.map(|()| summary)
+    }
+
+    async fn work(
+        &self,
+        shutdown: watch::Receiver<bool>,
+        summary: &mut WorkerSummary,
+        waiting: &mut std::collections::BTreeSet<i64>,
+    ) -> Result<(), WorkerError> {
         loop {
             if *shutdown.borrow() {
                 break;
@@ -230,9 +246,14 @@ impl Worker {
                     break;
                 }
                 let Some(task) = Task::of(m.phase()) else {
-                    // Before backfill: wait for it. After: nothing left for this worker.
+                    // Before backfill: wait for it, registered, so that the planner cuts the
+                    // backfill for this worker too. After: nothing left for this worker.
                     if m.backfill_planned_at.is_none() && !m.phase().is_terminal() {
                         all_done = false;
+                        if m.failure_reason.is_none() {
+                            self.register(m.id).await?;
+                            waiting.insert(m.id);
+                        }
                     }
                     continue;
                 };
@@ -275,7 +296,22 @@ impl Worker {
                 }
             }
         }
-        Ok(summary)
+        Ok(())
+    }
+
+    /// Registers (or renews) this worker for a migration.
+    async fn register(&self, migration: i64) -> Result<(), WorkerError> {
+        self.store
+            .register_worker(
+                self.id,
+                migration,
+                &self.config.name,
+                &crate::identity::hostname(),
+                std::process::id(),
+                self.config.lease_ttl,
+            )
+            .await?;
+        Ok(())
     }
 
     async fn versions(
@@ -331,14 +367,10 @@ impl Worker {
                     );
                     return Ok(false);
                 }
-                let (_, to) = self.versions(m).await?;
-                let partitions = plan::plan_revert(&to, &self.shards)
-                    .await
-                    .map_err(|source| WorkerError::Plan {
-                        migration: m.id,
-                        source: Box::new(source),
-                    })?;
-                self.store
+                let (from, to) = self.versions(m).await?;
+                let partitions = plan::plan_revert(&to);
+                if self
+                    .store
                     .store_plan(
                         m.id,
                         Task::Revert,
@@ -346,17 +378,23 @@ impl Worker {
                         &self.config.actor,
                         json!({ "partitions": partitions.len() }),
                     )
-                    .await?;
+                    .await?
+                {
+                    self.size_unread_partitions(m.id, Task::Revert, from);
+                }
             }
         }
         Ok(true)
     }
 
-    /// Samples the source and stores the partitions (first planner wins).
+    /// Sizes (and where needed samples) the source and stores the partitions, cut for the
+    /// workers registered for the migration (first planner wins).
     async fn plan(&self, m: &Migration) -> Result<(), WorkerError> {
         let (from, to) = self.versions(m).await?;
         let settings = Self::settings_of(m)?;
-        let plans = plan::plan(&from, &to, &self.shards, &settings)
+        self.register(m.id).await?;
+        let workers = self.store.live_workers(m.id).await?;
+        let plans = plan::plan(&from, &to, &self.shards, &settings, workers)
             .await
             .map_err(|source| WorkerError::Plan {
                 migration: m.id,
@@ -378,8 +416,33 @@ impl Worker {
                 partitions = partitions.len(),
                 "backfill planned"
             );
+            self.size_unread_partitions(m.id, Task::Backfill, from);
         }
         Ok(())
+    }
+
+    /// Estimates, off the copy's path, the size of the partitions planned without reading
+    /// their location (progress and ETA only).
+    fn size_unread_partitions(&self, migration: i64, task: Task, from: RoutingVersion) {
+        let (store, shards) = (self.store.clone(), self.shards.clone());
+        tokio::spawn(async move {
+            let partitions = match store.partitions(migration, task).await {
+                Ok(partitions) => partitions,
+                Err(e) => return tracing::warn!(migration, "sizing the {task} failed: {e}"),
+            };
+            for p in partitions.iter().filter(|p| p.approx_documents.is_none()) {
+                let sized = match plan::size_of(&from, &shards, p).await {
+                    Ok(n) => store
+                        .set_partition_size(p.id, n)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if let Err(e) = sized {
+                    tracing::warn!(migration, partition = p.id, "sizing the {task} failed: {e}");
+                }
+            }
+        });
     }
 
     fn writer_for(
@@ -422,16 +485,7 @@ impl Worker {
         let settings = Self::settings_of(m)?;
         let worker_id = self.id;
         let ttl = self.config.lease_ttl;
-        self.store
-            .register_worker(
-                worker_id,
-                m.id,
-                &self.config.name,
-                &crate::identity::hostname(),
-                std::process::id(),
-                ttl,
-            )
-            .await?;
+        self.register(m.id).await?;
         let live = self
             .store
             .worker_heartbeat(worker_id, m.id, ttl, &WorkerFigures::default())
@@ -957,8 +1011,12 @@ impl Worker {
         Ok(())
     }
 
-    /// Reads one partition through one cursor and writes it batch by batch, every batch
-    /// ending by the partition lease's deadline.
+    /// Reads one partition through one cursor and writes it with up to
+    /// `max_in_flight_per_shard` batches in flight (reading, preparing and writing overlap),
+    /// every write ending by the partition lease's deadline. Checkpoints follow the writes in
+    /// order ([`protocol::BatchWindow`]), off the writes' path: while one is being recorded,
+    /// the batches settling meanwhile wait and go into the next, one statement for several.
+    /// Before the partition is released or finished, every write sent has settled.
     async fn work_partition(
         &self,
         shared: &Arc<Shared>,
@@ -1006,171 +1064,318 @@ impl Worker {
             Ok(scan) => scan,
             Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
         };
+
+        let mut window: protocol::BatchWindow<Settled> = protocol::BatchWindow::default();
+        let mut writes = futures::stream::FuturesUnordered::new();
+        let mut recording: Option<tokio::task::JoinHandle<Result<Recorded, StoreError>>> = None;
+        let mut unrecorded: Vec<Settled> = Vec::new();
+        let mut read_all = false;
+        // Why the partition stops being worked on, once it does: nothing more is sent, what
+        // is in flight settles, what may be recorded is, and then this is the answer.
+        let mut end: Option<PartitionEnd> = None;
+        let mut failure: Option<WorkerError> = None;
+        let mut missing: Option<String> = None;
         loop {
-            let batch_started = Instant::now();
-            let docs = match scan.next_batch().await {
-                Ok(docs) => docs,
-                Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
-            };
-            if docs.is_empty() {
-                return Ok(if self.store.finish_partition(p.id, token).await? {
-                    PartitionEnd::Done
+            unrecorded.extend(window.recordable());
+            if recording.is_none() && !unrecorded.is_empty() && end_allows_recording(&end) {
+                if lost.load(Ordering::SeqCst) {
+                    end = Some(PartitionEnd::LeaseLost);
+                    unrecorded.clear();
                 } else {
-                    PartitionEnd::LeaseLost
-                });
-            }
-            let wait = shared
-                .rate
-                .lock()
-                .unwrap()
-                .permit(docs.len() as u64, Instant::now());
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
-            }
-            let last_id = docs
-                .last()
-                .and_then(|d| d.get("_id").cloned())
-                .unwrap_or(Bson::Null);
-            let prepared = match shared.task {
-                Task::Backfill => {
-                    prepare_batch(&shared.from, &shared.to, &location, shared.epoch, docs)
+                    let batches = std::mem::take(&mut unrecorded);
+                    let (store, partition, ttl) =
+                        (self.store.clone(), p.clone(), self.config.lease_ttl);
+                    recording = Some(tokio::spawn(async move {
+                        let started = Instant::now();
+                        let mut checkpoint = Checkpoint::default();
+                        for b in &batches {
+                            checkpoint.absorb(b.checkpoint.clone());
+                        }
+                        let kept = store
+                            .checkpoint_partition(&partition, token, ttl, &checkpoint)
+                            .await?;
+                        Ok(Recorded {
+                            kept,
+                            started,
+                            batches,
+                        })
+                    }));
                 }
-                Task::Revert => {
-                    prepare_revert(&shared.from, &shared.to, shared.migration, &location, docs)
+            }
+            let settled_all = writes.is_empty() && recording.is_none();
+            if settled_all && (unrecorded.is_empty() || !end_allows_recording(&end)) {
+                if let Some(e) = failure {
+                    return Err(e);
                 }
-                Task::Verify => unreachable!("workers do not serve verify partitions"),
-                Task::Cleanup => match self.prepare_cleanup(shared, &location, docs).await? {
-                    Ok(prepared) => prepared,
-                    Err(missing) => {
-                        self.fail_migration(shared, &missing).await?;
+                if let Some(reason) = missing {
+                    self.fail_migration(shared, &reason).await?;
+                    self.store.release_partition(p.id, token).await?;
+                    return Ok(PartitionEnd::Released);
+                }
+                match end {
+                    Some(PartitionEnd::Released) => {
                         self.store.release_partition(p.id, token).await?;
                         return Ok(PartitionEnd::Released);
                     }
-                },
-            };
-            let deadline = lease
-                .lock()
-                .unwrap()
-                .checked_sub(self.fence_margin())
-                .map(tokio::time::Instant::from_std)
-                .unwrap_or_else(tokio::time::Instant::now);
-            let started = Instant::now();
-            let report = shared
-                .writer()
-                .write_until(prepared.statements, Some(deadline))
-                .await
-                .map_err(|e| WorkerError::Invalid {
-                    migration: shared.migration,
-                    message: e.to_string(),
-                })?;
-            let latency = started.elapsed();
-            let c = &shared.counters;
-            c.retries
-                .fetch_add(report.retries as i64, Ordering::Relaxed);
-            c.overloads
-                .fetch_add(report.overload_events as i64, Ordering::Relaxed);
-            crate::telemetry::overloads(
-                shared.migration,
-                shared.task.as_str(),
-                report.overload_events as u64,
-            );
-            if report.counts.expired > 0 {
-                // Past the lease's deadline: nothing of this batch may be recorded, and the
-                // partition is not released either: it is taken over only once the lease and
-                // its fence margin have passed, when nothing sent can land any more.
-                return Ok(PartitionEnd::LeaseLost);
-            }
-            let cut = shared
-                .rate
-                .lock()
-                .unwrap()
-                .on_batch(latency, Instant::now());
-            if cut {
-                c.rate_cuts.fetch_add(1, Ordering::Relaxed);
-            }
-            let applied = shared.rate.lock().unwrap().applied();
-            crate::telemetry::rate(shared.migration, shared.task.as_str(), applied, cut);
-            let mut checkpoint = prepared.checkpoint;
-            for (i, result) in report.results.iter().enumerate() {
-                match result {
-                    StatementResult::Inserted => checkpoint.inserted += 1,
-                    StatementResult::Applied => match prepared.kinds[i] {
-                        Kind::Stamp => checkpoint.stamped += 1,
-                        Kind::Delete => checkpoint.deleted += 1,
-                        Kind::Copy | Kind::Mirror => checkpoint.inserted += 1,
-                    },
-                    StatementResult::AlreadyPresent | StatementResult::DroppedDuplicate { .. } => {
-                        checkpoint.already_present += 1
-                    }
-                    StatementResult::Expired => unreachable!("handled above"),
-                    StatementResult::DeadLettered {
-                        class: FailureClass::Permanent,
-                        code,
-                        code_name,
-                        message,
-                        attempts,
-                        ..
-                    } => {
-                        let id = &prepared.ids[i];
-                        checkpoint.dead_lettered += 1;
-                        checkpoint.dead_letters.push(NewDeadLetter {
-                            doc_id: ids::encode(id),
-                            doc_id_text: ids::text(id),
-                            target: Some(prepared.targets[i].to_string()),
-                            code: *code,
-                            code_name: code_name.clone(),
-                            message: message.clone(),
-                            attempts: *attempts as i32,
+                    Some(other) => return Ok(other),
+                    None if read_all => {
+                        return Ok(if self.store.finish_partition(p.id, token).await? {
+                            PartitionEnd::Done
+                        } else {
+                            PartitionEnd::LeaseLost
                         });
                     }
-                    StatementResult::DeadLettered {
-                        code,
-                        message,
-                        attempts,
-                        ..
-                    } => {
-                        return Ok(PartitionEnd::Retry(format!(
-                            "writing to {} failed {attempts} times (code {code:?}): {message}",
-                            prepared.targets[i]
-                        )));
+                    None => {}
+                }
+            }
+            if lost.load(Ordering::SeqCst) {
+                end = Some(PartitionEnd::LeaseLost);
+                unrecorded.clear();
+            } else if end.is_none()
+                && (!shared.runnable.load(Ordering::SeqCst) || *shutdown.borrow())
+            {
+                end = Some(PartitionEnd::Released);
+            }
+            let depth = shared
+                .settings
+                .lock()
+                .unwrap()
+                .max_in_flight_per_shard
+                .max(1);
+            let may_send =
+                end.is_none() && !read_all && !window.broken() && window.in_flight() < depth;
+            tokio::select! {
+                read = scan.next_batch(), if may_send => {
+                    let docs = match read {
+                        Ok(docs) => docs,
+                        Err(e) => {
+                            end = Some(PartitionEnd::Retry(e.to_string()));
+                            continue;
+                        }
+                    };
+                    if docs.is_empty() {
+                        read_all = true;
+                        continue;
+                    }
+                    let wait = shared
+                        .rate
+                        .lock()
+                        .unwrap()
+                        .permit(docs.len() as u64, Instant::now());
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                    let last_id = docs
+                        .last()
+                        .and_then(|d| d.get("_id").cloned())
+                        .unwrap_or(Bson::Null);
+                    let started = Instant::now();
+                    let prepared = match shared.task {
+                        Task::Backfill => {
+                            prepare_batch(&shared.from, &shared.to, &location, shared.epoch, docs)
+                        }
+                        Task::Revert => prepare_revert(
+                            &shared.from,
+                            &shared.to,
+                            shared.migration,
+                            &location,
+                            docs,
+                        ),
+                        Task::Verify => unreachable!("workers do not serve verify partitions"),
+                        Task::Cleanup => match self.prepare_cleanup(shared, &location, docs).await {
+                            Ok(Ok(prepared)) => prepared,
+                            Ok(Err(reason)) => {
+                                missing = Some(reason);
+                                end = Some(PartitionEnd::Released);
+                                continue;
+                            }
+                            Err(e) => {
+                                failure = Some(e);
+                                end = Some(PartitionEnd::Released);
+                                continue;
+                            }
+                        },
+                    };
+                    let deadline = lease
+                        .lock()
+                        .unwrap()
+                        .checked_sub(self.fence_margin())
+                        .map(tokio::time::Instant::from_std)
+                        .unwrap_or_else(tokio::time::Instant::now);
+                    let n = window.send();
+                    let writer = shared.writer();
+                    let PreparedBatch { statements, kinds, ids, targets, checkpoint } = prepared;
+                    let write = tokio::spawn(async move {
+                        let sent = Instant::now();
+                        let report = writer.write_until(statements, Some(deadline)).await;
+                        (report, sent.elapsed())
+                    });
+                    writes.push(async move {
+                        let written = write.await;
+                        (n, written, Unsettled { kinds, ids, targets, checkpoint, last_id, started })
+                    });
+                }
+                Some((n, written, batch)) = futures::StreamExt::next(&mut writes), if !writes.is_empty() => {
+                    let (report, latency) = match written {
+                        Ok((Ok(report), latency)) => (report, latency),
+                        Ok((Err(e), _)) => {
+                            window.settle(n, None);
+                            failure = Some(invalid(e.to_string()));
+                            end.get_or_insert(PartitionEnd::Released);
+                            continue;
+                        }
+                        Err(panicked) => {
+                            window.settle(n, None);
+                            failure = Some(invalid(format!("a write task failed: {panicked}")));
+                            end.get_or_insert(PartitionEnd::Released);
+                            continue;
+                        }
+                    };
+                    match self.settle(shared, report, latency, batch) {
+                        Ok(settled) => window.settle(n, Some(settled)),
+                        Err(why) => {
+                            window.settle(n, None);
+                            // A lost lease outranks a retry: nothing may be released then.
+                            if !matches!(end, Some(PartitionEnd::LeaseLost)) {
+                                end = Some(why);
+                            }
+                        }
+                    }
+                }
+                done = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
+                    recording = None;
+                    let recorded = match done {
+                        Ok(Ok(recorded)) => recorded,
+                        Ok(Err(e)) => {
+                            failure = Some(e.into());
+                            end.get_or_insert(PartitionEnd::Released);
+                            continue;
+                        }
+                        Err(panicked) => {
+                            failure = Some(invalid(format!("a checkpoint task failed: {panicked}")));
+                            end.get_or_insert(PartitionEnd::Released);
+                            continue;
+                        }
+                    };
+                    if !recorded.kept || lost.load(Ordering::SeqCst) {
+                        end = Some(PartitionEnd::LeaseLost);
+                        unrecorded.clear();
+                        continue;
+                    }
+                    *lease.lock().unwrap() = recorded.started + self.config.lease_ttl;
+                    let c = &shared.counters;
+                    for b in &recorded.batches {
+                        let k = &b.checkpoint;
+                        crate::telemetry::checkpointed(
+                            shared.migration,
+                            shared.task.as_str(),
+                            &p.source_shard,
+                            &crate::telemetry::Ledger {
+                                scanned: k.scanned,
+                                inserted: k.inserted,
+                                already_present: k.already_present,
+                                stamped: k.stamped,
+                                dead_lettered: k.dead_lettered,
+                                deleted: k.deleted,
+                            },
+                            b.took,
+                        );
+                        c.documents
+                            .fetch_add(k.scanned + k.skipped_foreign, Ordering::Relaxed);
+                        c.batches.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
-            checkpoint.last_id = ids::encode(&last_id);
-            let checkpointing = Instant::now();
-            if lost.load(Ordering::SeqCst)
-                || !self
-                    .store
-                    .checkpoint_partition(p, token, self.config.lease_ttl, &checkpoint)
-                    .await?
-            {
-                return Ok(PartitionEnd::LeaseLost);
-            }
-            *lease.lock().unwrap() = checkpointing + self.config.lease_ttl;
-            crate::telemetry::checkpointed(
-                shared.migration,
-                shared.task.as_str(),
-                &p.source_shard,
-                &crate::telemetry::Ledger {
-                    scanned: checkpoint.scanned,
-                    inserted: checkpoint.inserted,
-                    already_present: checkpoint.already_present,
-                    stamped: checkpoint.stamped,
-                    dead_lettered: checkpoint.dead_lettered,
-                    deleted: checkpoint.deleted,
+        }
+    }
+
+    /// What a written batch brings to its partition's checkpoint, from the writer's report;
+    /// `Err` when the batch may not be recorded (a write past the lease's deadline, or a
+    /// statement that failed transiently on every attempt).
+    fn settle(
+        &self,
+        shared: &Shared,
+        report: crate::copy::BatchReport,
+        latency: Duration,
+        batch: Unsettled,
+    ) -> Result<Settled, PartitionEnd> {
+        let c = &shared.counters;
+        c.retries
+            .fetch_add(report.retries as i64, Ordering::Relaxed);
+        c.overloads
+            .fetch_add(report.overload_events as i64, Ordering::Relaxed);
+        crate::telemetry::overloads(
+            shared.migration,
+            shared.task.as_str(),
+            report.overload_events as u64,
+        );
+        if report.counts.expired > 0 {
+            // Past the lease's deadline: nothing of this batch may be recorded, and the
+            // partition is not released either: it is taken over only once the lease and its
+            // fence margin have passed, when nothing sent can land any more.
+            return Err(PartitionEnd::LeaseLost);
+        }
+        let cut = shared
+            .rate
+            .lock()
+            .unwrap()
+            .on_batch(latency, Instant::now());
+        if cut {
+            c.rate_cuts.fetch_add(1, Ordering::Relaxed);
+        }
+        let applied = shared.rate.lock().unwrap().applied();
+        crate::telemetry::rate(shared.migration, shared.task.as_str(), applied, cut);
+        let mut checkpoint = batch.checkpoint;
+        for (i, result) in report.results.iter().enumerate() {
+            match result {
+                StatementResult::Inserted => checkpoint.inserted += 1,
+                StatementResult::Applied => match batch.kinds[i] {
+                    Kind::Stamp => checkpoint.stamped += 1,
+                    Kind::Delete => checkpoint.deleted += 1,
+                    Kind::Copy | Kind::Mirror => checkpoint.inserted += 1,
                 },
-                batch_started.elapsed(),
-            );
-            c.documents.fetch_add(
-                checkpoint.scanned + checkpoint.skipped_foreign,
-                Ordering::Relaxed,
-            );
-            c.batches.fetch_add(1, Ordering::Relaxed);
-            if !shared.runnable.load(Ordering::SeqCst) || *shutdown.borrow() {
-                self.store.release_partition(p.id, token).await?;
-                return Ok(PartitionEnd::Released);
+                StatementResult::AlreadyPresent | StatementResult::DroppedDuplicate { .. } => {
+                    checkpoint.already_present += 1
+                }
+                StatementResult::Expired => unreachable!("handled above"),
+                StatementResult::DeadLettered {
+                    class: FailureClass::Permanent,
+                    code,
+                    code_name,
+                    message,
+                    attempts,
+                    ..
+                } => {
+                    let id = &batch.ids[i];
+                    checkpoint.dead_lettered += 1;
+                    checkpoint.dead_letters.push(NewDeadLetter {
+                        doc_id: ids::encode(id),
+                        doc_id_text: ids::text(id),
+                        target: Some(batch.targets[i].to_string()),
+                        code: *code,
+                        code_name: code_name.clone(),
+                        message: message.clone(),
+                        attempts: *attempts as i32,
+                    });
+                }
+                StatementResult::DeadLettered {
+                    code,
+                    message,
+                    attempts,
+                    ..
+                } => {
+                    return Err(PartitionEnd::Retry(format!(
+                        "writing to {} failed {attempts} times (code {code:?}): {message}",
+                        batch.targets[i]
+                    )));
+                }
             }
         }
+        checkpoint.last_id = ids::encode(&batch.last_id);
+        Ok(Settled {
+            checkpoint,
+            took: batch.started.elapsed(),
+        })
     }
 
     /// How long before its partition lease ends a worker stops writing (and how long after it
@@ -1178,6 +1383,39 @@ impl Worker {
     fn fence_margin(&self) -> Duration {
         self.config.lease_ttl / 5
     }
+}
+
+/// Whether what settled may still be recorded: not once the lease is lost.
+fn end_allows_recording(end: &Option<PartitionEnd>) -> bool {
+    !matches!(end, Some(PartitionEnd::LeaseLost))
+}
+
+/// A batch sent, with what its checkpoint needs once the writer reports.
+struct Unsettled {
+    kinds: Vec<Kind>,
+    ids: Vec<Bson>,
+    targets: Vec<Location>,
+    /// What was settled without writing.
+    checkpoint: Checkpoint,
+    last_id: Bson,
+    /// When its documents were read.
+    started: Instant,
+}
+
+/// A batch that settled well: its part of the partition's checkpoint.
+struct Settled {
+    checkpoint: Checkpoint,
+    /// From its read to its acknowledgement.
+    took: Duration,
+}
+
+/// Batches recorded by one checkpoint.
+struct Recorded {
+    /// `false`: the lease is no longer this worker's.
+    kept: bool,
+    /// When the checkpoint was sent (the lease runs from then).
+    started: Instant,
+    batches: Vec<Settled>,
 }
 
 /// Aborts a task when dropped (a partition given up mid-way stops its reader).

@@ -189,7 +189,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                             s.shadow_read_percent = v;
                         }
                         if let Some(v) = documents_per_partition {
-                            s.documents_per_partition = v;
+                            s.documents_per_partition = Some(v);
                         }
                     },
                     &ctx.actor,
@@ -210,7 +210,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                     ),
                     (
                         "documents per partition",
-                        after.documents_per_partition.to_string(),
+                        documents_per_partition_text(after.documents_per_partition),
                     ),
                 ])
             })
@@ -379,4 +379,12 @@ pub(super) fn print_move(t: &Transition, dry_run: bool) {
             );
         }
     }
+}
+
+/// A partition size as `migration configure` and `throttle show` print it.
+pub fn documents_per_partition_text(size: Option<u64>) -> String {
+    size.map_or_else(
+        || "chosen by the planner (one per worker, at least 100000 each)".to_owned(),
+        |n| n.to_string(),
+    )
 }

@@ -132,7 +132,7 @@ fn print_settings(s: &MigrationSettings) {
         ),
         (
             "documents per partition",
-            s.documents_per_partition.to_string(),
+            super::migration::documents_per_partition_text(s.documents_per_partition),
         ),
     ]);
 }

@@ -1508,7 +1508,7 @@ fn settings(doc: &SettingsDoc, problems: &mut Problems) -> Option<MigrationSetti
         }
     }
     if let Some(v) = doc.documents_per_partition {
-        s.documents_per_partition = v;
+        s.documents_per_partition = Some(v);
     }
     if let Some(v) = doc.max_missing {
         s.max_missing = v;

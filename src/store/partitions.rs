@@ -115,11 +115,13 @@ pub fn wave_bound(rows: &[(i64, bool)], waves: [f64; 3]) -> Option<i64> {
 pub struct NewPartition {
     pub source_shard: String,
     pub source_collection: String,
-    /// The `_id` type bracket (`string`, `number`, `objectId`, `binData`).
+    /// `any` (a range in MongoDB's total order across every type), or the `_id` type bracket
+    /// of plans made before ranges crossed types (`string`, `number`, `objectId`, `binData`):
+    /// [`crate::ids::IdRange`].
     pub id_type: String,
-    /// Inclusive lower bound (an encoded `_id`); `None`: the bottom of the bracket.
+    /// Inclusive lower bound (an encoded `_id`); `None`: the first `_id` (of the bracket).
     pub lower_bound: Option<Vec<u8>>,
-    /// Exclusive upper bound; `None`: the top of the bracket.
+    /// Exclusive upper bound; `None`: past the last `_id` (of the bracket).
     pub upper_bound: Option<Vec<u8>>,
     /// Only these tenants are scanned (a JSON array of routing keys); `None`: everything.
     pub tenant_filter: Option<serde_json::Value>,
@@ -130,6 +132,16 @@ impl Partition {
     /// The location it scans.
     pub fn location(&self) -> crate::routing::Location {
         crate::routing::Location::new(self.source_shard.clone(), self.source_collection.clone())
+    }
+
+    /// The `_id`s it holds.
+    pub fn range(&self) -> Result<crate::ids::IdRange, String> {
+        let decode = |b: &Option<Vec<u8>>| b.as_deref().map(crate::ids::decode).transpose();
+        crate::ids::IdRange::of_type(
+            &self.id_type,
+            decode(&self.lower_bound)?,
+            decode(&self.upper_bound)?,
+        )
     }
 }
 
@@ -198,6 +210,23 @@ pub struct Checkpoint {
     /// Cleanup: source documents that never moved, left in place.
     pub kept: i64,
     pub dead_letters: Vec<NewDeadLetter>,
+}
+
+impl Checkpoint {
+    /// Adds a later batch: its counters and dead letters, and its last `_id`, so that one
+    /// checkpoint records several batches.
+    pub fn absorb(&mut self, later: Checkpoint) {
+        self.last_id = later.last_id;
+        self.scanned += later.scanned;
+        self.inserted += later.inserted;
+        self.already_present += later.already_present;
+        self.stamped += later.stamped;
+        self.dead_lettered += later.dead_lettered;
+        self.skipped_foreign += later.skipped_foreign;
+        self.deleted += later.deleted;
+        self.kept += later.kept;
+        self.dead_letters.extend(later.dead_letters);
+    }
 }
 
 /// A document that could not be written.
@@ -613,6 +642,19 @@ impl Store {
         }
         tx.commit().await?;
         Ok(true)
+    }
+
+    /// Records the estimated size of a partition planned without reading it (progress and
+    /// ETA only: the ledger does not depend on it).
+    pub async fn set_partition_size(&self, id: i64, documents: u64) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE partitions SET approx_documents = $2 WHERE id = $1 AND approx_documents IS NULL",
+        )
+        .bind(id)
+        .bind(documents as i64)
+        .execute(self.pool())
+        .await?;
+        Ok(())
     }
 
     /// Marks a partition done; `false` when the lease is no longer ours.

@@ -103,6 +103,11 @@ impl Store {
         .bind(migration_id)
         .execute(self.pool())
         .await?;
+        self.live_workers(migration_id).await
+    }
+
+    /// How many workers of the migration hold a live lease (at least one: the caller).
+    pub async fn live_workers(&self, migration_id: i64) -> StoreResult<usize> {
         let live: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM workers
              WHERE migration_id = $1 AND stopped_at IS NULL AND lease_expires_at > now()",
