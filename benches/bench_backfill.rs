@@ -181,17 +181,56 @@ async fn backfill_against_raw_copy() {
     for n in sizes {
         let result = one_size(n).await;
         eprintln!("{}", serde_json::to_string(&result).unwrap());
+        let f = |key: &str| result[key].as_f64().unwrap();
+        let figure = |name: &str, value: String| {
+            support::bench_figure("bench_backfill", &format!("{n} documents: {name}"), value)
+        };
+        figure(
+            "whole backfill (planning included) / raw copy baseline",
+            format!(
+                "{:.2} ({} vs {} docs/s)",
+                f("whole_backfill_over_raw_copy"),
+                result["reshard_docs_per_sec"],
+                (f("raw_copy_before_docs_per_sec") + f("raw_copy_after_docs_per_sec")) / 2.0
+            ),
+        );
+        figure("planning", format!("{:.2} s", f("plan_seconds")));
+        figure(
+            "copy after planning / raw copy baseline",
+            format!("{:.2}", f("copy_after_planning_over_raw_copy")),
+        );
+        figure(
+            "worker CPU, share of the machine",
+            format!("{:.1} %", 100.0 * f("worker_cpu_share_of_machine")),
+        );
+        figure(
+            "worker peak resident memory",
+            format!("{:.1} MiB", f("worker_peak_rss_mib")),
+        );
+        figure(
+            "full reconciliation / raw read of both sides",
+            format!(
+                "{:.2} ({} vs {} docs/s)",
+                f("full_reconcile_over_raw_read"),
+                result["full_reconcile_docs_per_sec"],
+                result["raw_read_both_sides_docs_per_sec"]
+            ),
+        );
+        figure(
+            "cleanup",
+            format!("{} docs/s", result["cleanup_docs_per_sec"]),
+        );
         results.push(result);
     }
     println!("{}", serde_json::to_string_pretty(&results).unwrap());
     println!();
     println!(
-        "| documents | partitions | raw copy baseline (before / after) | reshard, whole (planning included) | whole / baseline | planning | copy after planning / baseline | worker CPU, share of the machine | worker peak RSS |"
+        "| documents | partitions | raw copy baseline (before / after) | reshard, whole (planning included) | whole / baseline | planning | copy after planning / baseline | worker CPU, share of the machine | worker peak RSS | raw read of both sides | full reconciliation | reconciliation / raw read | cleanup |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &results {
         println!(
-            "| {} | {} | {} / {} docs/s | {} docs/s | {:.2} | {:.2} s | {:.2} | {:.1} s, {:.1} % | {:.1} MiB |",
+            "| {} | {} | {} / {} docs/s | {} docs/s | {:.2} | {:.2} s | {:.2} | {:.1} s, {:.1} % | {:.1} MiB | {} docs/s | {} docs/s | {:.2} | {} docs/s |",
             r["documents"],
             r["partitions"],
             r["raw_copy_before_docs_per_sec"],
@@ -203,6 +242,10 @@ async fn backfill_against_raw_copy() {
             r["worker_cpu_seconds"].as_f64().unwrap(),
             100.0 * r["worker_cpu_share_of_machine"].as_f64().unwrap(),
             r["worker_peak_rss_mib"].as_f64().unwrap(),
+            r["raw_read_both_sides_docs_per_sec"],
+            r["full_reconcile_docs_per_sec"],
+            r["full_reconcile_over_raw_read"].as_f64().unwrap(),
+            r["cleanup_docs_per_sec"],
         );
     }
 }
@@ -321,6 +364,45 @@ async fn one_size(n: usize) -> serde_json::Value {
     let totals = store.task_totals(m, Task::Backfill).await.unwrap();
     assert_eq!(totals.scanned as usize, n);
     assert_eq!(totals.inserted as usize, n, "{totals:?}");
+
+    // A full reconciliation against a raw read of both sides: every location through one
+    // cursor in `_id` order, all at once.
+    store
+        .transition(m, &Action::Advance(Phase::Reconcile), "bench", None, false)
+        .await
+        .unwrap();
+    let raw_read = read_everything(&databases).await;
+    let mut reconcile = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"));
+    reconcile
+        .args(["reconcile", &m.to_string(), "--full", "--output", "json"])
+        .env("RESHARD_DATABASE_URL", pg.url())
+        .env("RESHARD_LOG", "warn")
+        .stdout(std::process::Stdio::null());
+    let verified = run_measured(reconcile);
+    assert!(verified.success, "the full reconciliation failed");
+    let raw_read_again = read_everything(&databases).await;
+    let read_mean = (2.0 * n as f64 / raw_read.as_secs_f64()
+        + 2.0 * n as f64 / raw_read_again.as_secs_f64())
+        / 2.0;
+
+    // Cleanup: the same worker, deleting the moved documents from the source in its waves.
+    for phase in [Phase::NewReads, Phase::Cleanup] {
+        store
+            .transition(m, &Action::Advance(phase), "bench", None, false)
+            .await
+            .unwrap();
+    }
+    let mut cleaner = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"));
+    cleaner
+        .args(["worker", &m.to_string(), "--exit-when-done"])
+        .env("RESHARD_DATABASE_URL", pg.url())
+        .env("RESHARD_LOG", "warn")
+        .stdout(std::process::Stdio::null());
+    let cleaned = run_measured(cleaner);
+    assert!(cleaned.success, "the cleanup worker failed");
+    let cleanup = store.task_totals(m, Task::Cleanup).await.unwrap();
+    assert_eq!(cleanup.deleted as usize, n, "{cleanup:?}");
+    assert_eq!(source.estimated_document_count().await.unwrap(), 0);
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     let baseline = (rate(before) + rate(after)) / 2.0;
     let copy = usage.wall.as_secs_f64();
@@ -341,5 +423,41 @@ async fn one_size(n: usize) -> serde_json::Value {
         "worker_cpu_seconds": usage.cpu_seconds,
         "worker_cpu_share_of_machine": usage.cpu_seconds / (copy * cores),
         "worker_peak_rss_mib": usage.peak_rss_mib,
+        "raw_read_both_sides_docs_per_sec": read_mean.round(),
+        "full_reconcile_seconds": verified.wall.as_secs_f64(),
+        "full_reconcile_docs_per_sec": (2.0 * n as f64 / verified.wall.as_secs_f64()).round(),
+        "full_reconcile_over_raw_read":
+            2.0 * n as f64 / verified.wall.as_secs_f64() / read_mean,
+        "full_reconcile_cpu_seconds": verified.cpu_seconds,
+        "cleanup_seconds": cleaned.wall.as_secs_f64(),
+        "cleanup_docs_per_sec": (n as f64 / cleaned.wall.as_secs_f64()).round(),
+        "cleanup_cpu_seconds": cleaned.cpu_seconds,
     })
+}
+
+/// Reads every document of every location, one cursor each in `_id` order, all at once.
+async fn read_everything(databases: &BTreeMap<String, mongodb::Database>) -> Duration {
+    let started = Instant::now();
+    let reads = databases.values().map(|db| {
+        let coll = db.collection::<Document>("orders");
+        async move {
+            let mut cursor = coll
+                .find(doc! {})
+                .sort(doc! { "_id": 1 })
+                .batch_size(BATCH as u32)
+                .await
+                .unwrap();
+            let mut n = 0_u64;
+            while futures::TryStreamExt::try_next(&mut cursor)
+                .await
+                .unwrap()
+                .is_some()
+            {
+                n += 1;
+            }
+            n
+        }
+    });
+    futures::future::join_all(reads).await;
+    started.elapsed()
 }

@@ -176,6 +176,11 @@ async fn bulk_writer_against_ordered_baseline() {
             o_time += time;
         }
         let t = TRIALS as f64;
+        support::bench_figure(
+            "bench_writer",
+            &format!("round trips per 1,000-document batch, S = {s} (ordered baseline)"),
+            format!("{:.1} ({:.1})", w_trips as f64 / t, o_trips as f64 / t),
+        );
         println!(
             "| {s} | {:.1} | {:.1} | {:.2} | {:.0} ms | {:.0} ms |",
             w_trips as f64 / t,
@@ -209,6 +214,22 @@ async fn bulk_writer_against_ordered_baseline() {
         let (o_trips, o_time) = bench
             .measure(ordered_baseline(&bench.databases, &statements))
             .await;
+        support::bench_figure(
+            "bench_writer",
+            &format!(
+                "one batch at S = 4, s4 {} (ordered baseline)",
+                if slowed {
+                    "slowed 50 ms per command"
+                } else {
+                    "normal"
+                }
+            ),
+            format!(
+                "{:.0} ms ({:.0} ms)",
+                w_time.as_secs_f64() * 1000.0,
+                o_time.as_secs_f64() * 1000.0
+            ),
+        );
         println!(
             "| {} | {:.0} ms | {:.0} ms | {o_trips} |",
             if slowed { "slowed" } else { "normal" },

@@ -246,6 +246,11 @@ async fn bench() {
         totals.mismatches,
         elapsed.as_secs_f64()
     );
+    support::bench_figure(
+        "shadow_reads",
+        "router get p99 with 10 % shadow reads over 0 %",
+        format!("{:.2}", p99[&10] / p99[&0]),
+    );
     assert_eq!(totals.mismatches, 0, "a clean copy has no mismatch");
     assert!(totals.compared > 0, "shadow reads compared nothing at 10%");
 }

@@ -65,11 +65,38 @@ pub struct ReconcileOptions {
     pub recheck_delay: Duration,
     /// At most this many tenant strata per location.
     pub max_strata: usize,
-    /// Skip the presence and content checks (a leased full run did them partition by
-    /// partition); counts and placement still run.
+    /// Skip the presence, content and placement checks (a leased full run did them
+    /// partition by partition, placement in its merge with the targets); counts still run.
     #[serde(skip)]
     pub presence_done: bool,
+    /// How many source documents a full run's partitions read, by range ([`range_key`]):
+    /// the completeness check compares those with the ledger instead of counting again.
+    #[serde(skip)]
+    pub counted: BTreeMap<RangeKey, i64>,
 }
+
+/// A partition's location and `_id` range, as a key that a backfill partition and the
+/// verify partition copied from it share.
+pub type RangeKey = (
+    String,
+    String,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<String>,
+);
+
+pub fn range_key(p: &Partition) -> RangeKey {
+    (
+        p.location().to_string(),
+        p.id_type.clone(),
+        p.lower_bound.clone(),
+        p.upper_bound.clone(),
+        p.tenant_filter.as_ref().map(|t| t.to_string()),
+    )
+}
+
+/// The key of a full run's partition outcomes that counts the source documents it read.
+pub const SOURCE_READ: &str = "source_documents_read";
 
 mod millis {
     pub fn serialize<S: serde::Serializer>(
@@ -89,6 +116,7 @@ impl Default for ReconcileOptions {
             recheck_delay: Duration::from_secs(2),
             max_strata: 1_000,
             presence_done: false,
+            counted: BTreeMap::new(),
         }
     }
 }
@@ -116,6 +144,8 @@ pub enum Outcome {
     /// Not a source document here (a tombstone, a target document in a shared collection),
     /// or a skipped dead letter.
     Ignored,
+    /// A target document (written by reshard) sits where the target version puts it.
+    Placed,
     /// Something is wrong.
     Finding {
         kind: FindingKind,
@@ -131,12 +161,106 @@ fn keys_of(version: &RoutingVersion, doc: &Document) -> Option<(KeyValue, KeyVal
     version.document_keys(doc).ok()
 }
 
+/// What a source document read at `location` is, before the target is consulted
+/// ([`disposition::of`]): settled (a tombstone or a document of the other layout is ignored,
+/// as is a skipped dead letter; a document that cannot be routed is a finding; one that stays
+/// must carry its routing field), or a document that moved and must be looked for at its
+/// target (`Err(target)`).
+fn judge_source(
+    scene: &Scene,
+    location: &Location,
+    doc: &Document,
+) -> (Bson, Result<Outcome, Location>) {
+    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+    if scene.skipped.contains(&ids::text(&id)) {
+        return (id, Ok(Outcome::Ignored));
+    }
+    let judged = match disposition::of(Side::Source, &scene.from, &scene.to, location, doc) {
+        Disposition::Tombstone { .. } | Disposition::Foreign | Disposition::Placed { .. } => {
+            Ok(Outcome::Ignored)
+        }
+        Disposition::Unroutable { reason } => Ok(Outcome::Finding {
+            kind: FindingKind::Unroutable,
+            details: json!({ "location": location.to_string(), "reason": reason }),
+        }),
+        Disposition::Stays {
+            stamp: Some((field, _)),
+        } => Ok(Outcome::Finding {
+            kind: FindingKind::Mismatched,
+            details: json!({
+                "location": location.to_string(),
+                "reason": format!("the routing field {field:?} is not stamped"),
+            }),
+        }),
+        Disposition::Stays { stamp: None } => Ok(Outcome::Stayed),
+        Disposition::Moves { target, .. } => Err(target),
+    };
+    (id, judged)
+}
+
+/// What a moved document's image at its target `goal` says: a tombstone (deleted), the
+/// application's write (superseded), or a copy that must equal the source.
+fn judge_found(scene: &Scene, source: &Document, found: &Document, goal: &Location) -> Outcome {
+    if is_tombstone(found) {
+        return Outcome::Deleted;
+    }
+    match envelope::writer(found) {
+        Some(Writer::App) => Outcome::Superseded,
+        _ => {
+            let diff = content_differences(source, found, &scene.from, &scene.to);
+            if diff.is_empty() {
+                Outcome::Copied
+            } else {
+                Outcome::Finding {
+                    kind: FindingKind::Mismatched,
+                    details: json!({ "location": goal.to_string(), "fields": diff }),
+                }
+            }
+        }
+    }
+}
+
+/// Whether a document found at target location `target` sits where the target version puts
+/// it ([`Outcome::Placed`] or a misplaced finding); `None` for a document that cannot say
+/// (unroutable keys). In a collection both layouts share, a source document (written
+/// through the source path before the switch, so it carries `_reshard` too) stays until
+/// cleanup.
+fn judge_placement(scene: &Scene, target: &Location, d: &Document) -> Option<Outcome> {
+    let (t, i) = keys_of(&scene.to, d)?;
+    let l = scene.to.locate(&t, &i).ok()?;
+    let source_here = keys_of(&scene.from, d)
+        .and_then(|(t, i)| scene.from.locate(&t, &i).ok())
+        .is_some_and(|s| s.locations.contains(target));
+    Some(if l.locations.contains(target) || source_here {
+        Outcome::Placed
+    } else {
+        Outcome::Finding {
+            kind: FindingKind::Misplaced,
+            details: json!({ "found": target.to_string(), "expected": l.locations[0].to_string() }),
+        }
+    })
+}
+
+/// A moved document absent from its target `goal`: misplaced when another target location
+/// (`elsewhere`) holds it, else missing.
+fn judge_absent(goal: &Location, elsewhere: Option<Location>, source: &Location) -> Outcome {
+    match elsewhere {
+        Some(at) => Outcome::Finding {
+            kind: FindingKind::Misplaced,
+            details: json!({ "expected": goal.to_string(), "found": at.to_string() }),
+        },
+        None => Outcome::Finding {
+            kind: FindingKind::Missing,
+            details: json!({ "expected": goal.to_string(), "source": source.to_string() }),
+        },
+    }
+}
+
 /// Checks source documents read at `location` against the target, by their disposition
-/// ([`disposition::of`]): a tombstone or a document of the other layout is ignored, as is a
-/// skipped dead letter; a document that cannot be routed is a finding; one that stays must
-/// carry its routing field; one that moves must be at its target, as a copy equal to it, the
-/// application's write, or a tombstone. One `$in` query per target location, and one more
-/// per other target location for the ids not found where they belong.
+/// ([`judge_source`]): a document that moved must be at its target, as a copy equal to it,
+/// the application's write, or a tombstone. One `$in` query per target location, and one
+/// more per other target location for the ids not found where they belong: the lookups of a
+/// sample, scattered over the collection.
 pub async fn check_batch(
     scene: &Scene,
     location: &Location,
@@ -145,30 +269,10 @@ pub async fn check_batch(
     let mut out: Vec<(Bson, Outcome)> = Vec::with_capacity(docs.len());
     let mut moved: BTreeMap<Location, Vec<usize>> = BTreeMap::new();
     for doc in docs {
-        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        if scene.skipped.contains(&ids::text(&id)) {
-            out.push((id, Outcome::Ignored));
-            continue;
-        }
-        let outcome = match disposition::of(Side::Source, &scene.from, &scene.to, location, doc) {
-            Disposition::Tombstone { .. } | Disposition::Foreign | Disposition::Placed { .. } => {
-                Outcome::Ignored
-            }
-            Disposition::Unroutable { reason } => Outcome::Finding {
-                kind: FindingKind::Unroutable,
-                details: json!({ "location": location.to_string(), "reason": reason }),
-            },
-            Disposition::Stays {
-                stamp: Some((field, _)),
-            } => Outcome::Finding {
-                kind: FindingKind::Mismatched,
-                details: json!({
-                    "location": location.to_string(),
-                    "reason": format!("the routing field {field:?} is not stamped"),
-                }),
-            },
-            Disposition::Stays { stamp: None } => Outcome::Stayed,
-            Disposition::Moves { target, .. } => {
+        let (id, judged) = judge_source(scene, location, doc);
+        let outcome = match judged {
+            Ok(outcome) => outcome,
+            Err(target) => {
                 moved.entry(target).or_default().push(out.len());
                 Outcome::Ignored
             }
@@ -181,30 +285,10 @@ pub async fn check_batch(
         let found = find_by_ids(scene, &goal, &wanted).await?;
         let mut absent: Vec<usize> = Vec::new();
         for &i in &indexes {
-            let source = &docs[i];
-            let id = &out[i].0;
-            let outcome = match found.get(&ids::key(id)) {
-                None => {
-                    absent.push(i);
-                    continue;
-                }
-                Some(t) if is_tombstone(t) => Outcome::Deleted,
-                Some(t) => match envelope::writer(t) {
-                    Some(Writer::App) => Outcome::Superseded,
-                    _ => {
-                        let diff = content_differences(source, t, &scene.from, &scene.to);
-                        if diff.is_empty() {
-                            Outcome::Copied
-                        } else {
-                            Outcome::Finding {
-                                kind: FindingKind::Mismatched,
-                                details: json!({ "location": goal.to_string(), "fields": diff }),
-                            }
-                        }
-                    }
-                },
-            };
-            out[i].1 = outcome;
+            match found.get(&ids::key(&out[i].0)) {
+                None => absent.push(i),
+                Some(t) => out[i].1 = judge_found(scene, &docs[i], t, &goal),
+            }
         }
         for i in absent {
             let id = out[i].0.clone();
@@ -221,17 +305,207 @@ pub async fn check_batch(
                     break;
                 }
             }
-            out[i].1 = match elsewhere {
-                Some(at) => Outcome::Finding {
-                    kind: FindingKind::Misplaced,
-                    details: json!({ "expected": goal.to_string(), "found": at.to_string() }),
-                },
-                None => Outcome::Finding {
-                    kind: FindingKind::Missing,
-                    details: json!({ "expected": goal.to_string(), "source": location.to_string() }),
-                },
-            };
+            out[i].1 = judge_absent(&goal, elsewhere, location);
         }
+    }
+    Ok(out)
+}
+
+/// The target locations of a full run read beside its source partition: each through one
+/// cursor over the partition's `_id` range, in `_id` order, so that looking a moved document
+/// up is a step forward in a merge rather than a query. Lookups must come in `_id` order
+/// (the source's), which a partition's scan gives.
+///
+/// Every target document the merge passes is also checked for placement, by the merge of
+/// the source location it came from (the one the source version puts it at), so that each
+/// is checked once however many source locations share the target: a full run checks the
+/// placement of every document reshard wrote, not a sample.
+pub struct TargetStreams {
+    streams: BTreeMap<Location, TargetStream>,
+    /// The source location whose partition the streams follow.
+    source: Location,
+    /// The placement of the target documents passed so far, not yet tallied.
+    placement: Vec<(Location, Bson, Outcome)>,
+}
+
+struct TargetStream {
+    scan: crate::shards::read::Scan,
+    buffer: std::collections::VecDeque<Document>,
+    ended: bool,
+    /// The document the last seek found (passed already).
+    matched: Option<Document>,
+}
+
+impl TargetStream {
+    /// The document with this `_id` if the stream holds it (`id: None`: none, read to the
+    /// end); every document up to it is passed, its placement judged into `placement` when
+    /// it came from `source`.
+    async fn seek(
+        &mut self,
+        id: Option<&Bson>,
+        scene: &Scene,
+        target: &Location,
+        source: &Location,
+        placement: &mut Vec<(Location, Bson, Outcome)>,
+    ) -> Result<Option<&Document>, ReadError> {
+        self.matched = None;
+        loop {
+            while let Some(front) = self.buffer.front() {
+                let at = front.get("_id").unwrap_or(&Bson::Null);
+                let order = id.map_or(std::cmp::Ordering::Less, |id| ids::compare(at, id));
+                if order == std::cmp::Ordering::Greater {
+                    return Ok(None);
+                }
+                let passed = self.buffer.pop_front().expect("a front");
+                let came_from_here = keys_of(&scene.from, &passed)
+                    .and_then(|(t, i)| scene.from.locate(&t, &i).ok())
+                    .is_some_and(|l| l.locations.first() == Some(source));
+                if came_from_here && passed.contains_key(envelope::META) {
+                    if let Some(outcome) = judge_placement(scene, target, &passed) {
+                        let id = passed.get("_id").cloned().unwrap_or(Bson::Null);
+                        placement.push((target.clone(), id, outcome));
+                    }
+                }
+                if order == std::cmp::Ordering::Equal {
+                    self.matched = Some(passed);
+                    return Ok(self.matched.as_ref());
+                }
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            let batch = self.scan.next_batch().await?;
+            if batch.is_empty() {
+                self.ended = true;
+            }
+            self.buffer.extend(batch);
+        }
+    }
+}
+
+impl TargetStreams {
+    /// Opens every target location but `source` (a collection both layouts share is read as
+    /// the source already) over `filter` (the source partition's, resumed where it is).
+    pub async fn open(
+        scene: &Scene,
+        source: &Location,
+        filter: &Document,
+        batch_size: usize,
+    ) -> Result<TargetStreams, ReadError> {
+        let mut streams = BTreeMap::new();
+        for target in scene.to.locations() {
+            if &target == source {
+                continue;
+            }
+            let scan = scene
+                .shards
+                .scan(
+                    &target,
+                    filter.clone(),
+                    std::sync::Arc::new(move || batch_size),
+                )
+                .await?;
+            streams.insert(
+                target,
+                TargetStream {
+                    scan,
+                    buffer: Default::default(),
+                    ended: false,
+                    matched: None,
+                },
+            );
+        }
+        Ok(TargetStreams {
+            streams,
+            source: source.clone(),
+            placement: Vec::new(),
+        })
+    }
+
+    /// Reads every stream to its end (after the source's last document), judging the
+    /// placement of what is left.
+    pub async fn finish(&mut self, scene: &Scene) -> Result<(), ReadError> {
+        for (target, stream) in self.streams.iter_mut() {
+            stream
+                .seek(None, scene, target, &self.source, &mut self.placement)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The placement of the target documents passed since the last call, tallied into
+    /// `strata` (`placement:<target>`, created as needed) and `result`.
+    pub fn tally_placement(
+        &mut self,
+        result: &mut RunResult,
+        strata: &mut BTreeMap<String, Stratum>,
+    ) {
+        let mut by_target: BTreeMap<Location, Vec<(Bson, Outcome)>> = BTreeMap::new();
+        for (target, id, outcome) in std::mem::take(&mut self.placement) {
+            by_target.entry(target).or_default().push((id, outcome));
+        }
+        for (target, judged) in by_target {
+            let name = format!("placement:{target}");
+            let stratum = strata.entry(name.clone()).or_insert_with(|| Stratum {
+                name,
+                ..Stratum::default()
+            });
+            // Placement findings name where the document was found, not a source: the
+            // recheck looks there ([`recheck`]).
+            for (id, outcome) in judged {
+                *result
+                    .counts
+                    .entry(outcome_name(&outcome).to_owned())
+                    .or_default() += 1;
+                stratum.samples += 1;
+                if let Outcome::Finding { kind, details } = outcome {
+                    stratum.defects += 1;
+                    result
+                        .findings
+                        .push(finding(kind, &id, &stratum.name, details));
+                }
+            }
+        }
+    }
+}
+
+/// [`check_batch`] for a full run: the same judgement, with every lookup a step of a merge
+/// with the target locations' own scans ([`TargetStreams`]), so that each document of either
+/// side is read once and in order, whatever the server does with an `$in`.
+pub async fn check_batch_merged(
+    scene: &Scene,
+    location: &Location,
+    docs: &[Document],
+    targets: &mut TargetStreams,
+) -> Result<Vec<(Bson, Outcome)>, ReadError> {
+    let mut out = Vec::with_capacity(docs.len());
+    for doc in docs {
+        let (id, judged) = judge_source(scene, location, doc);
+        let goal = match judged {
+            Ok(outcome) => {
+                out.push((id, outcome));
+                continue;
+            }
+            Err(goal) => goal,
+        };
+        // Every stream moves forward to this id, so each stays in step with the source.
+        let mut at_goal = None;
+        let mut elsewhere = None;
+        let source = targets.source.clone();
+        for (target, stream) in targets.streams.iter_mut() {
+            let found = stream
+                .seek(Some(&id), scene, target, &source, &mut targets.placement)
+                .await?;
+            if let Some(found) = found {
+                if *target == goal {
+                    at_goal = Some(judge_found(scene, doc, found, &goal));
+                } else if elsewhere.is_none() {
+                    elsewhere = Some(target.clone());
+                }
+            }
+        }
+        let outcome = at_goal.unwrap_or_else(|| judge_absent(&goal, elsewhere, location));
+        out.push((id, outcome));
     }
     Ok(out)
 }
@@ -371,6 +645,19 @@ fn finding(kind: FindingKind, id: &Bson, stratum: &str, details: serde_json::Val
     }
 }
 
+/// The name an outcome is counted under.
+fn outcome_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Copied => "copied",
+        Outcome::Superseded => "superseded",
+        Outcome::Deleted => "deleted",
+        Outcome::Stayed => "stayed",
+        Outcome::Ignored => "ignored",
+        Outcome::Placed => "placed",
+        Outcome::Finding { kind, .. } => kind.as_str(),
+    }
+}
+
 pub fn tally(
     result: &mut RunResult,
     stratum: &mut Stratum,
@@ -378,15 +665,10 @@ pub fn tally(
     source: &Location,
 ) {
     for (id, outcome) in checked {
-        let name = match &outcome {
-            Outcome::Copied => "copied",
-            Outcome::Superseded => "superseded",
-            Outcome::Deleted => "deleted",
-            Outcome::Stayed => "stayed",
-            Outcome::Ignored => "ignored",
-            Outcome::Finding { kind, .. } => kind.as_str(),
-        };
-        *result.counts.entry(name.to_owned()).or_default() += 1;
+        *result
+            .counts
+            .entry(outcome_name(&outcome).to_owned())
+            .or_default() += 1;
         if matches!(outcome, Outcome::Ignored) {
             continue;
         }
@@ -427,12 +709,15 @@ pub async fn run(
                 location: location.clone(),
                 source: mongodb::error::Error::custom(e),
             })?;
-        let count = scene
-            .shards
-            .collection(&location)?
-            .count_documents(filter)
-            .await
-            .map_err(read_err(&location))? as i64;
+        let count = match options.counted.get(&range_key(p)) {
+            Some(read) => *read,
+            None => scene
+                .shards
+                .collection(&location)?
+                .count_documents(filter)
+                .await
+                .map_err(read_err(&location))? as i64,
+        };
         let ledger = p.scanned + p.skipped_foreign;
         result.counts_checked.push(json!({
             "partition": p.id, "location": location.to_string(), "count": count, "ledger": ledger,
@@ -470,6 +755,7 @@ pub async fn run(
                 ..Stratum::default()
             });
             let batch_size = settings.batch_size;
+            let mut targets = TargetStreams::open(scene, &location, &filter, batch_size).await?;
             let mut scan = scene
                 .shards
                 .scan(&location, filter, std::sync::Arc::new(move || batch_size))
@@ -477,12 +763,15 @@ pub async fn run(
             loop {
                 let batch = scan.next_batch().await?;
                 if batch.is_empty() {
+                    targets.finish(scene).await?;
+                    targets.tally_placement(&mut result, &mut strata);
                     break;
                 }
                 let wait = rate.permit(batch.len() as u64, Instant::now());
                 tokio::time::sleep(wait).await;
-                let checked = check_batch(scene, &location, &batch).await?;
+                let checked = check_batch_merged(scene, &location, &batch, &mut targets).await?;
                 tally(&mut result, &mut stratum, checked, &location);
+                targets.tally_placement(&mut result, &mut strata);
             }
             strata.insert(name, stratum);
         } else {
@@ -498,47 +787,31 @@ pub async fn run(
         }
     }
 
-    // Placement: sampled target documents written by reshard sit where the target puts them.
-    for target in &targets {
+    // Placement: sampled target documents written by reshard sit where the target puts them
+    // (a full run checked every one in its merge).
+    let sampled_placement = if options.presence_done || options.full {
+        BTreeSet::new()
+    } else {
+        targets.clone()
+    };
+    for target in &sampled_placement {
         let coll = scene.shards.collection(target)?;
         let name = format!("placement:{target}");
         let mut stratum = Stratum {
             name: name.clone(),
             ..Stratum::default()
         };
-        let docs: Vec<Document> = coll
-            .aggregate(vec![
-                doc! { "$match": envelope::written_by_reshard() },
-                doc! { "$sample": { "size": options.sample.max(1) as i64 } },
-            ])
-            .await
-            .map_err(read_err(target))?
-            .try_collect()
-            .await
-            .map_err(read_err(target))?;
+        let docs = sample_written(&coll, options.sample.max(1), target).await?;
         for d in docs {
             let id = d.get("_id").cloned().unwrap_or(Bson::Null);
-            let Some((t, i)) = keys_of(&scene.to, &d) else {
+            let Some(outcome) = judge_placement(scene, target, &d) else {
                 continue;
             };
-            let Ok(l) = scene.to.locate(&t, &i) else {
-                continue;
-            };
-            // In a collection both layouts share, a source document (written through the
-            // source path before the switch, so it carries `_reshard` too) stays until cleanup.
-            let source_here = keys_of(&scene.from, &d)
-                .and_then(|(t, i)| scene.from.locate(&t, &i).ok())
-                .is_some_and(|s| s.locations.contains(target));
             stratum.samples += 1;
-            if !l.locations.contains(target) && !source_here {
+            if let Outcome::Finding { kind, details } = outcome {
                 stratum.defects += 1;
                 *result.counts.entry("misplaced".to_owned()).or_default() += 1;
-                result.findings.push(finding(
-                    FindingKind::Misplaced,
-                    &id,
-                    &name,
-                    json!({ "found": target.to_string(), "expected": l.locations[0].to_string() }),
-                ));
+                result.findings.push(finding(kind, &id, &name, details));
             }
         }
         strata.insert(name, stratum);
@@ -562,6 +835,41 @@ pub async fn run(
         })
         .collect();
     Ok(result)
+}
+
+/// A uniform sample of `k` documents reshard wrote at a target location. `$sample` first:
+/// only a first stage is served by a random cursor (a `$match` before it reads the whole
+/// collection on MongoDB). A target collection holds little else, so that is the sample; only
+/// where it holds too few of reshard's documents (a collection both layouts share) is the
+/// sample drawn among them exactly, which reads the collection.
+async fn sample_written(
+    coll: &mongodb::Collection<Document>,
+    k: usize,
+    target: &Location,
+) -> Result<Vec<Document>, ReadError> {
+    let run = |pipeline: Vec<Document>| async move {
+        coll.aggregate(pipeline)
+            .await
+            .map_err(read_err(target))?
+            .try_collect::<Vec<Document>>()
+            .await
+            .map_err(read_err(target))
+    };
+    let sampled = run(vec![doc! { "$sample": { "size": k as i64 } }]).await?;
+    let drawn = sampled.len();
+    let written: Vec<Document> = sampled
+        .into_iter()
+        .filter(|d| d.contains_key(envelope::META))
+        .collect();
+    if written.len() == k || drawn < k {
+        // Enough, or the sample was the whole collection.
+        return Ok(written);
+    }
+    run(vec![
+        doc! { "$match": envelope::written_by_reshard() },
+        doc! { "$sample": { "size": k as i64 } },
+    ])
+    .await
 }
 
 /// Checks the findings again (after the caller waited) and keeps those that persist.
@@ -939,6 +1247,7 @@ async fn verify_partition(
     let mut outcomes: BTreeMap<String, u64> =
         serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
     let batch_size = settings.batch_size;
+    let mut targets = TargetStreams::open(scene, &location, &filter, batch_size).await?;
     let mut scan = scene
         .shards
         .scan(&location, filter, std::sync::Arc::new(move || batch_size))
@@ -946,37 +1255,41 @@ async fn verify_partition(
     let name = format!("full:{location}");
     loop {
         let batch = scan.next_batch().await?;
-        if batch.is_empty() {
-            store
-                .checkpoint_verify(
-                    p,
-                    token,
-                    ttl,
-                    &VerifiedBatch {
-                        last_id: None,
-                        checked: 0,
-                        outcomes: &json!(outcomes),
-                        findings: &[],
-                        done: true,
-                    },
-                )
-                .await?;
-            return Ok(());
-        }
-        let wait = rate
-            .lock()
-            .unwrap()
-            .permit(batch.len() as u64, Instant::now());
-        tokio::time::sleep(wait).await;
-        let last_id = batch.last().and_then(|d| d.get("_id")).map(ids::encode);
-        let checked = check_batch(scene, &location, &batch).await?;
+        let done = batch.is_empty();
         let mut result = RunResult::default();
         let mut stratum = Stratum {
             name: name.clone(),
             ..Stratum::default()
         };
-        tally(&mut result, &mut stratum, checked, &location);
-        for (k, n) in result.counts {
+        let last_id = batch.last().and_then(|d| d.get("_id")).map(ids::encode);
+        if done {
+            // What the targets hold past the source's last document: placement only.
+            targets.finish(scene).await?;
+        } else {
+            let wait = rate
+                .lock()
+                .unwrap()
+                .permit(batch.len() as u64, Instant::now());
+            tokio::time::sleep(wait).await;
+            let checked = check_batch_merged(scene, &location, &batch, &mut targets).await?;
+            tally(&mut result, &mut stratum, checked, &location);
+            *outcomes.entry(SOURCE_READ.to_owned()).or_default() += batch.len() as u64;
+        }
+        let mut placement = BTreeMap::new();
+        targets.tally_placement(&mut result, &mut placement);
+        // Each target's placement checks are a stratum of the run: the partition keeps their
+        // count beside its outcomes.
+        for (name, st) in placement {
+            *outcomes.entry(name).or_default() += st.samples;
+        }
+        // A document in the wrong place is found from its source and again where it sits:
+        // one defect.
+        let mut seen = HashSet::new();
+        result.findings.retain(|f| match &f.doc_id {
+            Some(id) => seen.insert((f.kind, id.clone())),
+            None => true,
+        });
+        for (k, n) in std::mem::take(&mut result.counts) {
             *outcomes.entry(k).or_default() += n;
         }
         let stored = store
@@ -989,7 +1302,7 @@ async fn verify_partition(
                     checked: stratum.samples as i64,
                     outcomes: &json!(outcomes),
                     findings: &result.findings,
-                    done: false,
+                    done,
                 },
             )
             .await?;
@@ -1003,6 +1316,9 @@ async fn verify_partition(
             stratum.samples as u64,
             result.findings.len() as u64,
         );
+        if done {
+            return Ok(());
+        }
     }
 }
 

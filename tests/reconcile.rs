@@ -698,8 +698,10 @@ async fn a_clean_backfill_passes_sampled_and_full_and_opens_the_gate() {
     assert_passed(&report);
     assert_eq!(report["run"]["mode"], "full");
     assert!(findings(&report).is_empty(), "{report:#}");
+    // Every copy's placement is checked too, once (by the merge of the source it came from).
     let mut want_outcomes = BTreeMap::from([
         ("copied".to_owned(), e.moved.len() as u64),
+        ("placed".to_owned(), e.moved.len() as u64),
         ("stayed".to_owned(), e.stays),
     ]);
     if e.copies_into_sources() > 0 {

@@ -123,6 +123,9 @@ pub struct Worker {
     id: Uuid,
     /// Figures per migration, kept across the times the worker serves it.
     counters: Mutex<std::collections::HashMap<i64, Arc<Counters>>>,
+    /// What the worker last said of each migration it waits on, so that a wait is logged
+    /// once when it starts, not on every poll.
+    said: Mutex<std::collections::HashMap<i64, String>>,
 }
 
 #[derive(Default)]
@@ -202,6 +205,7 @@ impl Worker {
             config,
             id: Uuid::new_v4(),
             counters: Mutex::default(),
+            said: Mutex::default(),
         }
     }
 
@@ -260,7 +264,9 @@ impl Worker {
                 if let Some(reason) = &m.failure_reason {
                     // Nothing to do until an operator resumes or rolls back; a worker told to
                     // exit when done does not wait for that.
-                    tracing::warn!(migration = m.id, "the migration failed: {reason}");
+                    if self.say_once(m.id, reason) {
+                        tracing::warn!(migration = m.id, "the migration failed: {reason}");
+                    }
                     if !self.config.exit_when_done {
                         all_done = false;
                     }
@@ -275,6 +281,8 @@ impl Worker {
                     continue;
                 }
                 let m = self.store.migration(m.id).await?;
+                // Working again: a later wait is news again.
+                self.said.lock().unwrap().remove(&m.id);
                 let s = self.serve(&m, task, shutdown.clone()).await?;
                 worked |= s.batches > 0 || s.partitions_done > 0;
                 summary.partitions_done += s.partitions_done;
@@ -297,6 +305,16 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Whether `what` is news about the migration (not what the worker said of it last).
+    fn say_once(&self, migration: i64, what: &str) -> bool {
+        let mut said = self.said.lock().unwrap();
+        if said.get(&migration).is_some_and(|s| s == what) {
+            return false;
+        }
+        said.insert(migration, what.to_owned());
+        true
     }
 
     /// Registers (or renews) this worker for a migration.
@@ -360,11 +378,13 @@ impl Worker {
                 // copier may have passed its id already. Start only once all acknowledged.
                 let missing = self.store.unacknowledged_routers(m).await?;
                 if !missing.is_empty() {
-                    tracing::info!(
-                        migration = m.id,
-                        routers = missing.len(),
-                        "revert copy waits for every live router to acknowledge reverting"
-                    );
+                    if self.say_once(m.id, "revert waits for routers") {
+                        tracing::info!(
+                            migration = m.id,
+                            routers = missing.len(),
+                            "revert copy waits for every live router to acknowledge reverting"
+                        );
+                    }
                     return Ok(false);
                 }
                 let (from, to) = self.versions(m).await?;

@@ -152,6 +152,7 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
     let mut stored_findings = Vec::new();
     let mut full_outcomes: BTreeMap<String, u64> = BTreeMap::new();
     let mut full_strata = Vec::new();
+    let mut counted = BTreeMap::new();
     if options.full {
         // Presence and content, leased partition by partition (resumable, shareable).
         loop {
@@ -176,8 +177,21 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
                     *per_location
                         .entry(format!("full:{}", p.location()))
                         .or_default() += p.scanned as u64;
-                    let o: BTreeMap<String, u64> =
+                    let mut o: BTreeMap<String, u64> =
                         serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
+                    // What the partition read is the fresh count completeness needs.
+                    if let Some(read) = o.remove(reconcile::SOURCE_READ) {
+                        counted.insert(reconcile::range_key(p), read as i64);
+                    }
+                    // The placement checks of its merge, per target location.
+                    o.retain(|k, n| {
+                        if k.starts_with("placement:") {
+                            *per_location.entry(k.clone()).or_default() += *n;
+                            false
+                        } else {
+                            true
+                        }
+                    });
                     for (k, n) in o {
                         *full_outcomes.entry(k).or_default() += n;
                     }
@@ -195,6 +209,7 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
     }
     let options = ReconcileOptions {
         presence_done: options.full,
+        counted,
         ..options
     };
     let mut result = reconcile::run(&scene, &partitions, &settings, &options)

@@ -60,6 +60,22 @@ pub fn bin_without_db() -> assert_cmd::Command {
     cmd
 }
 
+/// Adds one figure to the summary `scripts/bench` prints at the end (a JSON line appended to
+/// the file `RESHARD_BENCH_SUMMARY` names; nothing without it).
+pub fn bench_figure(bench: &str, figure: &str, value: String) {
+    let Ok(path) = std::env::var("RESHARD_BENCH_SUMMARY") else {
+        return;
+    };
+    use std::io::Write;
+    let line = serde_json::json!({ "bench": bench, "figure": figure, "value": value });
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("RESHARD_BENCH_SUMMARY={path}: {e}"));
+    writeln!(file, "{line}").unwrap();
+}
+
 /// The `main` of a benchmark binary (`harness = false`, `benches/`): `cargo bench` passes
 /// `--bench` and `bench` runs on a two-thread runtime; under `cargo test --all-targets` the
 /// binary is only built, and says how to run it.
