@@ -321,64 +321,31 @@ pub async fn check_batch(
 /// is checked once however many source locations share the target: a full run checks the
 /// placement of every document reshard wrote, not a sample.
 pub struct TargetStreams {
-    streams: BTreeMap<Location, TargetStream>,
+    streams: BTreeMap<Location, crate::shards::read::Merge>,
     /// The source location whose partition the streams follow.
     source: Location,
     /// The placement of the target documents passed so far, not yet tallied.
     placement: Vec<(Location, Bson, Outcome)>,
 }
 
-struct TargetStream {
-    scan: crate::shards::read::Scan,
-    buffer: std::collections::VecDeque<Document>,
-    ended: bool,
-    /// The document the last seek found (passed already).
-    matched: Option<Document>,
-}
-
-impl TargetStream {
-    /// The document with this `_id` if the stream holds it (`id: None`: none, read to the
-    /// end); every document up to it is passed, its placement judged into `placement` when
-    /// it came from `source`.
-    async fn seek(
-        &mut self,
-        id: Option<&Bson>,
-        scene: &Scene,
-        target: &Location,
-        source: &Location,
-        placement: &mut Vec<(Location, Bson, Outcome)>,
-    ) -> Result<Option<&Document>, ReadError> {
-        self.matched = None;
-        loop {
-            while let Some(front) = self.buffer.front() {
-                let at = front.get("_id").unwrap_or(&Bson::Null);
-                let order = id.map_or(std::cmp::Ordering::Less, |id| ids::compare(at, id));
-                if order == std::cmp::Ordering::Greater {
-                    return Ok(None);
-                }
-                let passed = self.buffer.pop_front().expect("a front");
-                let came_from_here = keys_of(&scene.from, &passed)
-                    .and_then(|(t, i)| scene.from.locate(&t, &i).ok())
-                    .is_some_and(|l| l.locations.first() == Some(source));
-                if came_from_here && passed.contains_key(envelope::META) {
-                    if let Some(outcome) = judge_placement(scene, target, &passed) {
-                        let id = passed.get("_id").cloned().unwrap_or(Bson::Null);
-                        placement.push((target.clone(), id, outcome));
-                    }
-                }
-                if order == std::cmp::Ordering::Equal {
-                    self.matched = Some(passed);
-                    return Ok(self.matched.as_ref());
-                }
+/// What a target document a merge passes says of placement, judged by the merge of the
+/// source location it came from (the one the source version puts it at), once, and only for
+/// documents reshard wrote.
+fn placement_judge<'a>(
+    scene: &'a Scene,
+    target: &'a Location,
+    source: &'a Location,
+    placement: &'a mut Vec<(Location, Bson, Outcome)>,
+) -> impl FnMut(&Document) + 'a {
+    move |passed: &Document| {
+        let came_from_here = keys_of(&scene.from, passed)
+            .and_then(|(t, i)| scene.from.locate(&t, &i).ok())
+            .is_some_and(|l| l.locations.first() == Some(source));
+        if came_from_here && passed.contains_key(envelope::META) {
+            if let Some(outcome) = judge_placement(scene, target, passed) {
+                let id = passed.get("_id").cloned().unwrap_or(Bson::Null);
+                placement.push((target.clone(), id, outcome));
             }
-            if self.ended {
-                return Ok(None);
-            }
-            let batch = self.scan.next_batch().await?;
-            if batch.is_empty() {
-                self.ended = true;
-            }
-            self.buffer.extend(batch);
         }
     }
 }
@@ -405,15 +372,7 @@ impl TargetStreams {
                     std::sync::Arc::new(move || batch_size),
                 )
                 .await?;
-            streams.insert(
-                target,
-                TargetStream {
-                    scan,
-                    buffer: Default::default(),
-                    ended: false,
-                    matched: None,
-                },
-            );
+            streams.insert(target, crate::shards::read::Merge::new(scan));
         }
         Ok(TargetStreams {
             streams,
@@ -426,9 +385,8 @@ impl TargetStreams {
     /// placement of what is left.
     pub async fn finish(&mut self, scene: &Scene) -> Result<(), ReadError> {
         for (target, stream) in self.streams.iter_mut() {
-            stream
-                .seek(None, scene, target, &self.source, &mut self.placement)
-                .await?;
+            let judge = placement_judge(scene, target, &self.source, &mut self.placement);
+            stream.seek(None, judge).await?;
         }
         Ok(())
     }
@@ -493,9 +451,8 @@ pub async fn check_batch_merged(
         let mut elsewhere = None;
         let source = targets.source.clone();
         for (target, stream) in targets.streams.iter_mut() {
-            let found = stream
-                .seek(Some(&id), scene, target, &source, &mut targets.placement)
-                .await?;
+            let judge = placement_judge(scene, target, &source, &mut targets.placement);
+            let found = stream.seek(Some(&id), judge).await?;
             if let Some(found) = found {
                 if *target == goal {
                     at_goal = Some(judge_found(scene, doc, found, &goal));

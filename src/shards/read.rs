@@ -85,12 +85,27 @@ impl Shards {
         filter: Document,
         batch_size: Arc<dyn Fn() -> usize + Send + Sync>,
     ) -> Result<Scan, ReadError> {
+        self.scan_with(location, filter, None, batch_size).await
+    }
+
+    /// [`Shards::scan`], only the fields of `projection` (when given).
+    pub async fn scan_with(
+        &self,
+        location: &Location,
+        filter: Document,
+        projection: Option<Document>,
+        batch_size: Arc<dyn Fn() -> usize + Send + Sync>,
+    ) -> Result<Scan, ReadError> {
         let first = batch_size().clamp(1, u32::MAX as usize) as u32;
+        let options = mongodb::options::FindOptions::builder()
+            .sort(doc! { "_id": 1 })
+            .projection(projection)
+            .batch_size(first)
+            .build();
         let cursor = self
             .collection(location)?
             .find(filter)
-            .sort(doc! { "_id": 1 })
-            .batch_size(first)
+            .with_options(options)
             .await
             .map_err(ReadError::at(location))?;
         // One batch ahead at most, so memory stays at two batches per scan.
@@ -148,5 +163,60 @@ impl Scan {
 impl Drop for Scan {
     fn drop(&mut self) {
         self.reader.abort();
+    }
+}
+
+/// A scan read beside another one in `_id` order: looking an id up is a step forward in a
+/// merge rather than a query, so that each document of both sides is read once and in order.
+/// The ids looked up must come in `_id` order (another scan's).
+pub struct Merge {
+    scan: Scan,
+    buffer: std::collections::VecDeque<Document>,
+    ended: bool,
+    /// The document the last seek found (passed already).
+    matched: Option<Document>,
+}
+
+impl Merge {
+    pub fn new(scan: Scan) -> Merge {
+        Merge {
+            scan,
+            buffer: Default::default(),
+            ended: false,
+            matched: None,
+        }
+    }
+
+    /// The document with this `_id` if the scan holds it (`id: None`: none, read to the
+    /// end); every document up to it, found or not, is handed to `passed` once.
+    pub async fn seek(
+        &mut self,
+        id: Option<&Bson>,
+        mut passed: impl FnMut(&Document),
+    ) -> Result<Option<&Document>, ReadError> {
+        self.matched = None;
+        loop {
+            while let Some(front) = self.buffer.front() {
+                let at = front.get("_id").unwrap_or(&Bson::Null);
+                let order = id.map_or(std::cmp::Ordering::Less, |id| ids::compare(at, id));
+                if order == std::cmp::Ordering::Greater {
+                    return Ok(None);
+                }
+                let front = self.buffer.pop_front().expect("a front");
+                passed(&front);
+                if order == std::cmp::Ordering::Equal {
+                    self.matched = Some(front);
+                    return Ok(self.matched.as_ref());
+                }
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            let batch = self.scan.next_batch().await?;
+            if batch.is_empty() {
+                self.ended = true;
+            }
+            self.buffer.extend(batch);
+        }
     }
 }
