@@ -629,7 +629,9 @@ pub enum MigrationCommand {
     /// Progress: phase, per-shard and per-partition counters, docs/s, ETA, rates, workers.
     Status {
         id: i64,
-        /// Keep redrawing progress bars until the backfill ends (Ctrl-C to stop).
+        /// Refresh every second until the migration ends (Ctrl-C to stop): bars for the task
+        /// the phase runs (backfill, full reconciliation, cleanup waves, revert) on a terminal,
+        /// a plain line per refresh otherwise, one JSON object per line with --output json.
         #[arg(long)]
         watch: bool,
         /// Also list every partition.

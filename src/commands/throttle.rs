@@ -3,7 +3,7 @@
 use crate::cli::ThrottleCommand;
 use crate::commands::Ctx;
 use crate::error::{Error, Result};
-use crate::output;
+use crate::output::{self, not_negative};
 use crate::settings::MigrationSettings;
 
 pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
@@ -76,7 +76,7 @@ async fn show(ctx: &Ctx, id: i64) -> Result<()> {
     let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
     let workers = ctx.store.workers(id).await?;
     let live: Vec<_> = workers.iter().filter(|w| w.live).collect();
-    let applied: f64 = live.iter().map(|w| w.applied_docs_per_sec).sum();
+    let applied = not_negative(live.iter().map(|w| w.applied_docs_per_sec).sum());
     let value = serde_json::json!({
         "migration": id,
         "settings": settings,
@@ -102,8 +102,8 @@ async fn show(ctx: &Ctx, id: i64) -> Result<()> {
                 live.iter().map(|w| {
                     [
                         w.name.clone(),
-                        format!("{:.0}", w.applied_docs_per_sec),
-                        format!("{:.0}", w.docs_per_sec),
+                        format!("{:.0}", not_negative(w.applied_docs_per_sec)),
+                        format!("{:.0}", not_negative(w.docs_per_sec)),
                         w.overloads.to_string(),
                         w.retries.to_string(),
                         w.rate_cuts.to_string(),

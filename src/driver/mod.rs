@@ -81,8 +81,9 @@ pub struct TaskProgress {
     pub done: i64,
     /// Documents scanned so far.
     pub documents: i64,
-    /// The planner's estimate of the documents in scope.
-    pub approx_documents: i64,
+    /// The documents in all, as far as the planner's estimates say; `None` while a running
+    /// partition has none ([`crate::estimate::TaskSize`]).
+    pub approx_documents: Option<i64>,
     pub docs_per_sec: f64,
 }
 

@@ -728,13 +728,21 @@ async fn run_task(
         }
         let (t0, n0) = samples[0];
         let rate = (totals.scanned - n0) as f64 / now.duration_since(t0).as_secs_f64().max(1e-3);
+        let size =
+            crate::estimate::TaskSize::of(driver.store.partitions(id, task).await?.iter().map(
+                |p| crate::estimate::PartitionSize {
+                    done: p.state == crate::store::partitions::PartitionState::Done,
+                    scanned: p.scanned,
+                    approx: p.approx_documents,
+                },
+            ));
         driver.progress().task(&TaskProgress {
             migration: id,
             task,
             partitions: totals.partitions,
             done: totals.done,
             documents: totals.scanned,
-            approx_documents: totals.approx_documents,
+            approx_documents: size.total,
             docs_per_sec: rate,
         });
         if planned && totals.partitions >= 0 && totals.done == totals.partitions {
