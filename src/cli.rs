@@ -266,12 +266,12 @@ pub enum ThrottleCommand {
         /// Documents per batch (1 to 100000).
         #[arg(long)]
         batch_size: Option<usize>,
-        /// A batch slower than this halves the applied rate (e.g. 200ms, 1s).
-        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-        target_batch_latency: Option<Duration>,
-        /// Overload lasting this long is logged as a capacity signal (e.g. 30s).
-        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-        capacity_signal_after: Option<Duration>,
+        /// A batch slower than this halves the applied rate (whole milliseconds: 200ms, 1s).
+        #[arg(long, value_parser = parse_written_duration, value_name = "DURATION")]
+        target_batch_latency: Option<WrittenDuration>,
+        /// Overload lasting this long is logged as a capacity signal (whole seconds: 30s, 2m).
+        #[arg(long, value_parser = parse_written_duration, value_name = "DURATION")]
+        capacity_signal_after: Option<WrittenDuration>,
         /// The application's latency budget: while a router reports a p99 above it (or more
         /// than 1 % errors) workers halve their rate, and step it back once routers recover.
         /// A p99 (`25ms`), a multiple of the p99 routers reported when the backfill was
@@ -403,7 +403,8 @@ fn parse_command(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-/// A hook's timeout: 100 ms to 1 h (a hook holds its delivery while it runs).
+/// A hook's timeout: 100 ms to 1 h (a hook holds its delivery while it runs), in whole
+/// milliseconds (as it is stored).
 fn parse_hook_timeout(s: &str) -> Result<Duration, String> {
     let d = crate::duration::parse(s)?;
     if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
@@ -411,6 +412,8 @@ fn parse_hook_timeout(s: &str) -> Result<Duration, String> {
             "{s:?} is outside the allowed range: from 100ms to 1h"
         ));
     }
+    crate::duration::whole(d, crate::duration::Unit::Milliseconds)
+        .map_err(|why| format!("{s}: {why}"))?;
     Ok(d)
 }
 
@@ -670,6 +673,30 @@ fn parse_phase(s: &str) -> Result<Phase, String> {
 /// A duration flag: humantime (`500ms`, `30s`, `5m`); a bare number is refused.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::duration::parse(s)
+}
+
+/// A duration flag whose value is stored in a coarser unit than humantime's (a setting kept
+/// in whole seconds or milliseconds): kept as written too, so that a value the unit cannot
+/// hold is refused naming what was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrittenDuration {
+    pub written: String,
+    pub value: Duration,
+}
+
+impl WrittenDuration {
+    /// The value as a whole, non-zero number of `unit`, or the refusal naming `flag`.
+    pub fn whole(&self, flag: &str, unit: crate::duration::Unit) -> Result<u64, String> {
+        crate::duration::whole(self.value, unit)
+            .map_err(|why| format!("{flag} {}: {why}", self.written.trim()))
+    }
+}
+
+fn parse_written_duration(s: &str) -> Result<WrittenDuration, String> {
+    Ok(WrittenDuration {
+        written: s.to_owned(),
+        value: crate::duration::parse(s)?,
+    })
 }
 
 /// A lease's length: 2 s to 1 h (shorter leases expire between heartbeats).

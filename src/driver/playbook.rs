@@ -830,8 +830,9 @@ async fn apply_step_settings(driver: &Driver, id: i64, w: &Workers) -> Result<()
                 if let Some(v) = w.in_flight {
                     s.max_in_flight_per_shard = v;
                 }
+                // Whole milliseconds: the playbook's check refuses anything else.
                 if let Some(v) = w.latency_target {
-                    s.target_batch_latency_ms = v.as_millis().max(1) as u64;
+                    s.target_batch_latency_ms = v.as_millis() as u64;
                 }
                 if let Some(v) = w.waves {
                     s.cleanup_waves = v;
