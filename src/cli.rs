@@ -145,8 +145,9 @@ pub struct RunArgs {
     /// elsewhere, with `reshard worker`).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
-    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
+    /// (`localhost:9000`, `10.0.0.5:9000`; `:9000` listens on every interface).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -189,7 +190,7 @@ pub struct ReconcileArgs {
     pub recheck_delay: Duration,
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
     /// (full runs).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -238,8 +239,9 @@ pub struct WorkerArgs {
     /// The worker's name in leases and status (default: host:pid).
     #[arg(long)]
     pub name: Option<String>,
-    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
+    /// (`localhost:9000`, `10.0.0.5:9000`; `:9000` listens on every interface).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -699,6 +701,46 @@ fn parse_written_duration(s: &str) -> Result<WrittenDuration, String> {
     })
 }
 
+/// `--metrics-addr`: `HOST:PORT` (a host name is resolved, its first IPv4 address taken) or
+/// `:PORT`, every interface (as Prometheus's own `--web.listen-address=:9090`: an exporter is
+/// there to be scraped from elsewhere; write `localhost:PORT` to keep it local).
+fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    let text = s.trim();
+    if let Some(port) = text.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("{text:?}: the port must be a number from 0 to 65535"))?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!(
+            "{text:?}: write HOST:PORT (localhost:9000, 10.0.0.5:9000) or :PORT"
+        ));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!(
+            "{text:?}: write HOST:PORT (localhost:9000, 10.0.0.5:9000) or :PORT, the port a \
+             number from 0 to 65535"
+        ));
+    }
+    let found: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text:?}: cannot resolve {host:?}: {e}"))?
+        .collect();
+    // An IPv4 address first: `localhost` often resolves to `::1` before `127.0.0.1`, and a
+    // scraper told `localhost:PORT` may try either.
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?}: {host:?} resolves to no address"))
+}
+
 /// A lease's length: 2 s to 1 h (shorter leases expire between heartbeats).
 fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
     let d = crate::duration::parse(s)?;
@@ -710,4 +752,27 @@ fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
 
 fn parse_until(s: &str) -> Result<Until, String> {
     Until::parse(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metrics_address_may_name_a_host_or_only_a_port() {
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:9000").unwrap(),
+            "127.0.0.1:9000".parse().unwrap()
+        );
+        assert_eq!(
+            parse_metrics_addr(":9000").unwrap(),
+            "0.0.0.0:9000".parse().unwrap()
+        );
+        assert_eq!(parse_metrics_addr("[::1]:9000").unwrap().port(), 9000);
+        let local = parse_metrics_addr("localhost:9000").unwrap();
+        assert!(local.ip().is_loopback() && local.port() == 9000, "{local}");
+        for bad in ["localhost", ":nine", "localhost:99999", ":"] {
+            assert!(parse_metrics_addr(bad).is_err(), "{bad}");
+        }
+    }
 }

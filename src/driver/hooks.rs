@@ -110,12 +110,12 @@ async fn deliver_hook(
         match run(&lock, event).await {
             Ok(()) => {
                 out.delivered += 1;
-                crate::telemetry::hook_run(&lock.hook.name, "ok");
+                crate::telemetry::hook_run(lock.migration.id, &lock.hook.name, "ok");
                 lock.passed(event.id, true).await?;
             }
             Err(error) => {
                 out.failed += 1;
-                crate::telemetry::hook_run(&lock.hook.name, "failed");
+                crate::telemetry::hook_run(lock.migration.id, &lock.hook.name, "failed");
                 let hook = lock.hook.clone();
                 let migration = lock.migration.id;
                 tracing::warn!(
