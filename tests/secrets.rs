@@ -367,7 +367,7 @@ async fn no_password_in_the_store_the_events_the_output_or_the_logs() {
     run.reshard_refused(
         &["shard", "add", "x2", "--uri", &wrong, "--database", "x"],
         &[("RESHARD_WRONG_PASSWORD", &wrong_password)],
-        "authentication failed: Authentication failed. (code 18 AuthenticationFailed)",
+        "authentication failed: authentication failed (code 18 AuthenticationFailed)",
     )
     .await;
     let dead = format!(

@@ -297,8 +297,14 @@ fn code_name(name: &str) -> String {
 /// the error's source (its own message names only the mechanism).
 fn authentication(e: &mongodb::error::Error, message: &str) -> String {
     use mongodb::error::ErrorKind;
+    // The source is the boxed driver error (`Box<Error>` is what the driver's `source()`
+    // hands out), or the error itself.
     let server = std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<mongodb::error::Error>())
+        .and_then(|s| {
+            s.downcast_ref::<Box<mongodb::error::Error>>()
+                .map(|b| &**b)
+                .or_else(|| s.downcast_ref::<mongodb::error::Error>())
+        })
         .and_then(|s| match &*s.kind {
             ErrorKind::Command(c) => Some(c.clone()),
             _ => None,
