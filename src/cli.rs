@@ -17,6 +17,7 @@ Exit codes:
 
 Environment:
   RESHARD_DATABASE_URL, DATABASE_URL  PostgreSQL state store (when --database-url is not given)
+  RESHARD_ACTOR                       who acts, for the event log (when --actor is not given)
   RESHARD_LOG                         log filter, e.g. info or reshard=debug";
 
 /// Change how a MongoDB collection is partitioned while the application keeps running.
@@ -40,7 +41,8 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Who is acting, for the event log (default: the operating system's user @ hostname).
+    /// Who is acting, for the event log (default, and when empty: the operating system's
+    /// user @ hostname).
     #[arg(long, global = true, env = "RESHARD_ACTOR")]
     pub actor: Option<String>,
 

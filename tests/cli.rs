@@ -1066,3 +1066,42 @@ async fn status_shows_routers_what_is_open_and_a_running_task_without_a_size() {
         );
     }
 }
+
+/// Regression (issue 15): `RESHARD_ACTOR=` recorded an empty actor.
+#[tokio::test]
+async fn an_empty_actor_is_the_operating_system_user() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    for (actor, expected) in [("", None), ("  ", None), ("ops-bot", Some("ops-bot"))] {
+        let out = assert_cmd::Command::cargo_bin("reshard")
+            .unwrap()
+            .env("RESHARD_DATABASE_URL", db.url())
+            .env("RESHARD_ACTOR", actor)
+            .args(["migration", "pause", "1"])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        json(&db, &["migration", "resume", "1"]);
+        let history = json(&db, &["migration", "history", "1"]);
+        let pause = history
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|e| e["kind"] == "pause")
+            .unwrap()
+            .clone();
+        let recorded = pause["actor"].as_str().unwrap();
+        match expected {
+            Some(name) => assert_eq!(recorded, name),
+            None => assert!(
+                recorded.contains('@') && !recorded.starts_with('@'),
+                "{recorded:?}"
+            ),
+        }
+    }
+}

@@ -152,6 +152,17 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
         String::from_utf8_lossy(&dup.stderr)
     );
     assert_eq!(hooks(db, &id).len(), 2);
+    // The event that added a hook says its timeout as `hook list` shows it.
+    let added = w
+        .store
+        .events(w.migration)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.details["hook_added"] == "rec")
+        .expect("a hook_added event");
+    assert_eq!(added.details["timeout"], "30s", "{}", added.details);
+    assert_eq!(added.details["timeout"], hook(db, &id, "rec")["timeout"]);
 
     // A move delivers: the recording hook gets it, the broken one fails and the move stands.
     ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
