@@ -17,6 +17,7 @@ Exit codes:
 
 Environment:
   RESHARD_DATABASE_URL, DATABASE_URL  PostgreSQL state store (when --database-url is not given)
+  RESHARD_ACTOR                       who acts, for the event log (when --actor is not given)
   RESHARD_LOG                         log filter, e.g. info or reshard=debug";
 
 /// Change how a MongoDB collection is partitioned while the application keeps running.
@@ -40,7 +41,8 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Who is acting, for the event log (default: the operating system's user @ hostname).
+    /// Who is acting, for the event log (default, and when empty: the operating system's
+    /// user @ hostname).
     #[arg(long, global = true, env = "RESHARD_ACTOR")]
     pub actor: Option<String>,
 
@@ -145,8 +147,9 @@ pub struct RunArgs {
     /// elsewhere, with `reshard worker`).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
-    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
+    /// (`localhost:9000`, `10.0.0.5:9000`; `:9000` listens on every interface).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -189,7 +192,7 @@ pub struct ReconcileArgs {
     pub recheck_delay: Duration,
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
     /// (full runs).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -238,8 +241,9 @@ pub struct WorkerArgs {
     /// The worker's name in leases and status (default: host:pid).
     #[arg(long)]
     pub name: Option<String>,
-    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
+    /// (`localhost:9000`, `10.0.0.5:9000`; `:9000` listens on every interface).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -266,12 +270,12 @@ pub enum ThrottleCommand {
         /// Documents per batch (1 to 100000).
         #[arg(long)]
         batch_size: Option<usize>,
-        /// A batch slower than this halves the applied rate (e.g. 200ms, 1s).
-        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-        target_batch_latency: Option<Duration>,
-        /// Overload lasting this long is logged as a capacity signal (e.g. 30s).
-        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-        capacity_signal_after: Option<Duration>,
+        /// A batch slower than this halves the applied rate (whole milliseconds: 200ms, 1s).
+        #[arg(long, value_parser = parse_written_duration, value_name = "DURATION")]
+        target_batch_latency: Option<WrittenDuration>,
+        /// Overload lasting this long is logged as a capacity signal (whole seconds: 30s, 2m).
+        #[arg(long, value_parser = parse_written_duration, value_name = "DURATION")]
+        capacity_signal_after: Option<WrittenDuration>,
         /// The application's latency budget: while a router reports a p99 above it (or more
         /// than 1 % errors) workers halve their rate, and step it back once routers recover.
         /// A p99 (`25ms`), a multiple of the p99 routers reported when the backfill was
@@ -403,7 +407,8 @@ fn parse_command(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-/// A hook's timeout: 100 ms to 1 h (a hook holds its delivery while it runs).
+/// A hook's timeout: 100 ms to 1 h (a hook holds its delivery while it runs), in whole
+/// milliseconds (as it is stored).
 fn parse_hook_timeout(s: &str) -> Result<Duration, String> {
     let d = crate::duration::parse(s)?;
     if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
@@ -411,6 +416,8 @@ fn parse_hook_timeout(s: &str) -> Result<Duration, String> {
             "{s:?} is outside the allowed range: from 100ms to 1h"
         ));
     }
+    crate::duration::whole(d, crate::duration::Unit::Milliseconds)
+        .map_err(|why| format!("{s}: {why}"))?;
     Ok(d)
 }
 
@@ -630,7 +637,9 @@ pub enum MigrationCommand {
     /// Progress: phase, per-shard and per-partition counters, docs/s, ETA, rates, workers.
     Status {
         id: i64,
-        /// Keep redrawing progress bars until the backfill ends (Ctrl-C to stop).
+        /// Refresh every second until the migration ends (Ctrl-C to stop): bars for the task
+        /// the phase runs (backfill, full reconciliation, cleanup waves, revert) on a terminal,
+        /// a plain line per refresh otherwise, one JSON object per line with --output json.
         #[arg(long)]
         watch: bool,
         /// Also list every partition.
@@ -671,6 +680,70 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::duration::parse(s)
 }
 
+/// A duration flag whose value is stored in a coarser unit than humantime's (a setting kept
+/// in whole seconds or milliseconds): kept as written too, so that a value the unit cannot
+/// hold is refused naming what was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrittenDuration {
+    pub written: String,
+    pub value: Duration,
+}
+
+impl WrittenDuration {
+    /// The value as a whole, non-zero number of `unit`, or the refusal naming `flag`.
+    pub fn whole(&self, flag: &str, unit: crate::duration::Unit) -> Result<u64, String> {
+        crate::duration::whole(self.value, unit)
+            .map_err(|why| format!("{flag} {}: {why}", self.written.trim()))
+    }
+}
+
+fn parse_written_duration(s: &str) -> Result<WrittenDuration, String> {
+    Ok(WrittenDuration {
+        written: s.to_owned(),
+        value: crate::duration::parse(s)?,
+    })
+}
+
+/// `--metrics-addr`: `HOST:PORT` (a host name is resolved, its first IPv4 address taken) or
+/// `:PORT`, every interface (as Prometheus's own `--web.listen-address=:9090`: an exporter is
+/// there to be scraped from elsewhere; write `localhost:PORT` to keep it local).
+fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    let text = s.trim();
+    if let Some(port) = text.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("{text:?}: the port must be a number from 0 to 65535"))?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!(
+            "{text:?}: write HOST:PORT (localhost:9000, 10.0.0.5:9000) or :PORT"
+        ));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!(
+            "{text:?}: write HOST:PORT (localhost:9000, 10.0.0.5:9000) or :PORT, the port a \
+             number from 0 to 65535"
+        ));
+    }
+    let found: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text:?}: cannot resolve {host:?}: {e}"))?
+        .collect();
+    // An IPv4 address first: `localhost` often resolves to `::1` before `127.0.0.1`, and a
+    // scraper told `localhost:PORT` may try either.
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?}: {host:?} resolves to no address"))
+}
+
 /// A lease's length: 2 s to 1 h (shorter leases expire between heartbeats).
 fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
     let d = crate::duration::parse(s)?;
@@ -682,4 +755,27 @@ fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
 
 fn parse_until(s: &str) -> Result<Until, String> {
     Until::parse(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metrics_address_may_name_a_host_or_only_a_port() {
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:9000").unwrap(),
+            "127.0.0.1:9000".parse().unwrap()
+        );
+        assert_eq!(
+            parse_metrics_addr(":9000").unwrap(),
+            "0.0.0.0:9000".parse().unwrap()
+        );
+        assert_eq!(parse_metrics_addr("[::1]:9000").unwrap().port(), 9000);
+        let local = parse_metrics_addr("localhost:9000").unwrap();
+        assert!(local.ip().is_loopback() && local.port() == 9000, "{local}");
+        for bad in ["localhost", ":nine", "localhost:99999", ":"] {
+            assert!(parse_metrics_addr(bad).is_err(), "{bad}");
+        }
+    }
 }

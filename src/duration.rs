@@ -27,6 +27,33 @@ pub fn bare_number(number: &str) -> String {
     format!("{number} has no unit; write a unit: {number}s (or {number}ms, {number}m; {FORMS})")
 }
 
+/// The unit a stored setting counts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Seconds,
+    Milliseconds,
+}
+
+/// `d` as a whole, non-zero number of `unit`; a duration the unit cannot hold is refused with
+/// what to write (`use whole seconds (e.g. 2s)`), rather than rounded without a word.
+pub fn whole(d: Duration, unit: Unit) -> Result<u64, String> {
+    let (per, suffix, name) = match unit {
+        Unit::Seconds => (1_000_000_000_u128, "s", "seconds"),
+        Unit::Milliseconds => (1_000_000_u128, "ms", "milliseconds"),
+    };
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return Err(format!("use at least 1{suffix}"));
+    }
+    if nanos % per != 0 {
+        return Err(format!(
+            "use whole {name} (e.g. {}{suffix})",
+            nanos.div_ceil(per)
+        ));
+    }
+    u64::try_from(nanos / per).map_err(|_| format!("too long; use at most {}{suffix}", u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,6 +69,26 @@ mod tests {
         ] {
             assert_eq!(parse(text), Ok(expected), "{text}");
         }
+    }
+
+    #[test]
+    fn a_setting_stored_in_whole_units_refuses_what_it_cannot_hold() {
+        let ms = Duration::from_millis;
+        assert_eq!(whole(ms(2000), Unit::Seconds), Ok(2));
+        assert_eq!(
+            whole(ms(1500), Unit::Seconds),
+            Err("use whole seconds (e.g. 2s)".into())
+        );
+        assert_eq!(
+            whole(ms(500), Unit::Seconds),
+            Err("use whole seconds (e.g. 1s)".into())
+        );
+        assert_eq!(whole(ms(0), Unit::Seconds), Err("use at least 1s".into()));
+        assert_eq!(whole(ms(750), Unit::Milliseconds), Ok(750));
+        assert_eq!(
+            whole(Duration::from_micros(1500), Unit::Milliseconds),
+            Err("use whole milliseconds (e.g. 2ms)".into())
+        );
     }
 
     #[test]

@@ -27,7 +27,8 @@ pub enum EventKind {
     RateCut,
     /// Overload lasted: the targets need capacity or a lower rate.
     CapacitySignal,
-    /// A reconciliation run finished.
+    /// A reconciliation run finished and passed (one that did not is
+    /// `reconciliation_failed`).
     Reconciled,
     /// Repair rewrote what a run found.
     Repaired,
@@ -54,11 +55,31 @@ pub enum EventKind {
     ApprovalRequested,
     /// A hook's command failed or timed out (`crate::hooks`).
     HookFailed,
+    /// The driver waited for routers to acknowledge an epoch, and they did (the epoch, how
+    /// long, the routers it waited for and the ones counted out in the details).
+    BarrierWaited,
+    /// Routers did not acknowledge an epoch in time: the move's barrier, or the write switch,
+    /// which then goes back (the epoch, the timeout and the routers missing in the details).
+    BarrierTimedOut,
+    /// A write switch could not finish for another reason than a barrier (the bypass watch
+    /// could not catch up, the state store failed) and went back.
+    SwitchFailed,
+    /// Leaving `planned` failed: the target collections, their indexes or the bypass watch
+    /// could not be made.
+    PrepareFailed,
+    /// A reconciliation run finished and did not pass (a run that passes is `reconciled`).
+    ReconciliationFailed,
+    /// A playbook's soak found what it does not allow (findings, dead letters, overload,
+    /// router errors).
+    SoakFailed,
+    /// A playbook's step failed and the run stopped, for a reason no other failure event
+    /// records (dead letters left, workers that stopped, a refused move, ...).
+    StepFailed,
 }
 
 impl EventKind {
     /// Every kind, in the order of their definition.
-    pub const ALL: [EventKind; 26] = [
+    pub const ALL: [EventKind; 33] = [
         EventKind::Create,
         EventKind::Advance,
         EventKind::Pause,
@@ -85,6 +106,13 @@ impl EventKind {
         EventKind::BypassResolved,
         EventKind::ApprovalRequested,
         EventKind::HookFailed,
+        EventKind::BarrierWaited,
+        EventKind::BarrierTimedOut,
+        EventKind::SwitchFailed,
+        EventKind::PrepareFailed,
+        EventKind::ReconciliationFailed,
+        EventKind::SoakFailed,
+        EventKind::StepFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -115,6 +143,55 @@ impl EventKind {
             EventKind::BypassResolved => "bypass_resolved",
             EventKind::ApprovalRequested => "approval_requested",
             EventKind::HookFailed => "hook_failed",
+            EventKind::BarrierWaited => "barrier_waited",
+            EventKind::BarrierTimedOut => "barrier_timed_out",
+            EventKind::SwitchFailed => "switch_failed",
+            EventKind::PrepareFailed => "prepare_failed",
+            EventKind::ReconciliationFailed => "reconciliation_failed",
+            EventKind::SoakFailed => "soak_failed",
+            EventKind::StepFailed => "step_failed",
+        }
+    }
+
+    /// Whether the event records a failure: a way a migration, or a playbook run, stopped on
+    /// something going wrong (what `--on failure` hooks are told about). A hook's own failure
+    /// is not one (hooks on failures would feed on themselves), nor is a pause (an operator's
+    /// or a blocking hook's: the hook's failure was the news).
+    pub fn is_failure(self) -> bool {
+        match self {
+            EventKind::Fail
+            | EventKind::BarrierTimedOut
+            | EventKind::SwitchFailed
+            | EventKind::PrepareFailed
+            | EventKind::ReconciliationFailed
+            | EventKind::SoakFailed
+            | EventKind::StepFailed => true,
+            EventKind::Create
+            | EventKind::Advance
+            | EventKind::Pause
+            | EventKind::Resume
+            | EventKind::BackfillPlanned
+            | EventKind::CleanupPlanned
+            | EventKind::RevertPlanned
+            | EventKind::SettingsChanged
+            | EventKind::DeadletterRetried
+            | EventKind::DeadletterSkipped
+            | EventKind::RateCut
+            | EventKind::CapacitySignal
+            | EventKind::Reconciled
+            | EventKind::Repaired
+            | EventKind::TombstonesPurged
+            | EventKind::TargetRemoved
+            | EventKind::Sealed
+            | EventKind::StepDone
+            | EventKind::PlaybookChanged
+            | EventKind::Approved
+            | EventKind::BypassWatchStarted
+            | EventKind::BypassFound
+            | EventKind::BypassResolved
+            | EventKind::ApprovalRequested
+            | EventKind::HookFailed
+            | EventKind::BarrierWaited => false,
         }
     }
 }
@@ -122,5 +199,44 @@ impl EventKind {
 impl std::fmt::Display for EventKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_listed_once_under_its_own_name() {
+        let names: std::collections::BTreeSet<&str> =
+            EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), EventKind::ALL.len());
+        for kind in EventKind::ALL {
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json, kind.as_str(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn failures_are_the_ways_a_migration_or_a_run_stops_on_something_wrong() {
+        let failures: Vec<&str> = EventKind::ALL
+            .iter()
+            .filter(|k| k.is_failure())
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(
+            failures,
+            [
+                "fail",
+                "barrier_timed_out",
+                "switch_failed",
+                "prepare_failed",
+                "reconciliation_failed",
+                "soak_failed",
+                "step_failed"
+            ]
+        );
+        assert!(!EventKind::HookFailed.is_failure());
+        assert!(!EventKind::Pause.is_failure());
     }
 }

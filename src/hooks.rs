@@ -22,7 +22,9 @@ use crate::events::EventKind;
 pub enum HookOn {
     /// Every phase move (forward and back): `advance` events.
     PhaseChange,
-    /// The migration failed (a gate or an invariant): `fail` events.
+    /// Something went wrong and a migration or a playbook run stopped: every event kind that
+    /// [`EventKind::is_failure`] (`fail`, `barrier_timed_out`, `switch_failed`,
+    /// `prepare_failed`, `reconciliation_failed`, `soak_failed`, `step_failed`).
     Failure,
     /// Overload lasted: the targets need capacity or a lower rate.
     CapacitySignal,
@@ -99,7 +101,7 @@ impl HookOn {
     pub fn matches(self, kind: EventKind) -> bool {
         match self {
             HookOn::PhaseChange => kind == EventKind::Advance,
-            HookOn::Failure => kind == EventKind::Fail,
+            HookOn::Failure => kind.is_failure(),
             HookOn::CapacitySignal => kind == EventKind::CapacitySignal,
             HookOn::ApprovalGate => kind == EventKind::ApprovalRequested,
             // A hook's own failures are not news to hooks on everything: a failing hook on
@@ -232,7 +234,10 @@ mod tests {
         assert!(HookOn::PhaseChange.matches(EventKind::Advance));
         assert!(!HookOn::PhaseChange.matches(EventKind::Pause));
         assert!(HookOn::Failure.matches(EventKind::Fail));
+        assert!(HookOn::Failure.matches(EventKind::BarrierTimedOut));
+        assert!(HookOn::Failure.matches(EventKind::SoakFailed));
         assert!(!HookOn::Failure.matches(EventKind::HookFailed));
+        assert!(!HookOn::Failure.matches(EventKind::BarrierWaited));
         assert!(HookOn::CapacitySignal.matches(EventKind::CapacitySignal));
         assert!(!HookOn::CapacitySignal.matches(EventKind::RateCut));
         assert!(HookOn::ApprovalGate.matches(EventKind::ApprovalRequested));

@@ -15,6 +15,7 @@ pub mod driver;
 pub mod duration;
 pub mod envelope;
 pub mod error;
+pub mod estimate;
 pub mod events;
 pub mod finish;
 pub mod hooks;

@@ -10,10 +10,94 @@ use crate::error::{Error, Result};
 
 /// Prints `value` as pretty JSON.
 pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<()> {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| Error::failed(format!("cannot encode output as JSON: {e}")))?;
+    let text = encode(value, serde_json::ser::PrettyFormatter::new())?;
     println!("{text}");
     Ok(())
+}
+
+/// `value` as one line of JSON (NDJSON: `--watch --output json`).
+pub fn json_line<T: Serialize + ?Sized>(value: &T) -> Result<String> {
+    encode(value, serde_json::ser::CompactFormatter)
+}
+
+fn encode<T: Serialize + ?Sized, F: serde_json::ser::Formatter>(
+    value: &T,
+    formatter: F,
+) -> Result<String> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PositiveZero(formatter));
+    value
+        .serialize(&mut ser)
+        .map_err(|e| Error::failed(format!("cannot encode output as JSON: {e}")))?;
+    String::from_utf8(out).map_err(|e| Error::failed(format!("JSON output: {e}")))
+}
+
+/// A JSON formatter that writes every negative zero as zero: a sum over nothing (`f64` sums
+/// start at `-0.0`) or a rate over a window can come out as `-0.0`, which reads as a bug.
+struct PositiveZero<F>(F);
+
+impl<F: serde_json::ser::Formatter> serde_json::ser::Formatter for PositiveZero<F> {
+    fn write_f64<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        value: f64,
+    ) -> std::io::Result<()> {
+        self.0
+            .write_f64(writer, if value == 0.0 { 0.0 } else { value })
+    }
+    fn write_f32<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        value: f32,
+    ) -> std::io::Result<()> {
+        self.0
+            .write_f32(writer, if value == 0.0 { 0.0 } else { value })
+    }
+    // The rest is the wrapped formatter's layout.
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(w)
+    }
+}
+
+/// A rate or an amount as shown: never negative, so never `-0`.
+pub fn not_negative(x: f64) -> f64 {
+    if x > 0.0 {
+        x
+    } else {
+        0.0
+    }
 }
 
 /// Prints a table with a header row.
@@ -58,4 +142,22 @@ pub fn emit<T: Serialize + ?Sized>(
 
 pub fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_negative_zero_reaches_json() {
+        let empty: f64 = Vec::<f64>::new().into_iter().sum();
+        assert!(empty.is_sign_negative(), "the sum of nothing is -0.0");
+        assert_eq!(serde_json::to_string(&empty).unwrap(), "-0.0");
+        let v = serde_json::json!({ "rate": empty, "rates": [empty, 1.5], "n": 0 });
+        let text = json_line(&v).unwrap();
+        assert_eq!(text, r#"{"rate":0.0,"rates":[0.0,1.5],"n":0}"#);
+        assert_eq!(format!("{:.0}", not_negative(empty)), "0");
+        assert_eq!(not_negative(-3.0), 0.0);
+        assert_eq!(not_negative(2.5), 2.5);
+    }
 }

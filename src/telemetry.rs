@@ -129,8 +129,8 @@ pub const METRICS: &[(&str, Kind, &str, &str)] = &[
     (
         HOOK_RUNS,
         Kind::Counter,
-        "hook, outcome",
-        "hook commands run, by hook and ok/failed (a failure is also a hook_failed event)",
+        "migration, hook, outcome",
+        "hook commands run, by migration, hook and ok/failed (a failure is also a hook_failed event)",
     ),
     (
         ROUTER_OPERATIONS,
@@ -198,6 +198,30 @@ pub fn describe() {
             }
         }
     }
+}
+
+/// `rendered` (a Prometheus text exposition) with a `# HELP` and a `# TYPE` line for every
+/// metric it lacks. The exporter renders only the metrics recorded so far, so an idle worker's
+/// scrape would list nothing; with these lines every scrape names every metric reshard has,
+/// and a dashboard or an alert can tell "none yet" from "not exported".
+pub fn with_every_family(rendered: &str) -> String {
+    let mut out = rendered.to_owned();
+    for (name, kind, _, help) in METRICS {
+        let typed = format!("# TYPE {name} ");
+        if rendered.lines().any(|l| l.starts_with(&typed)) {
+            continue;
+        }
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        let kind = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+    }
+    out
 }
 
 /// One checkpointed batch's ledger.
@@ -293,9 +317,16 @@ pub fn bypass(migration: i64, operation: &'static str) {
         .increment(1);
 }
 
-/// A hook's command ran (`outcome`: `ok` or `failed`).
-pub fn hook_run(hook: &str, outcome: &'static str) {
-    metrics::counter!(HOOK_RUNS, "hook" => hook.to_owned(), "outcome" => outcome).increment(1);
+/// A hook's command ran (`outcome`: `ok` or `failed`). Hook names are a migration's own, so
+/// the migration is a label too: the same name on two migrations is two hooks.
+pub fn hook_run(migration: i64, hook: &str, outcome: &'static str) {
+    metrics::counter!(
+        HOOK_RUNS,
+        "migration" => migration.to_string(),
+        "hook" => hook.to_owned(),
+        "outcome" => outcome,
+    )
+    .increment(1);
 }
 
 /// The path a phase gives an operation: where it reads (`get`, `list`) or writes.
@@ -372,6 +403,22 @@ mod tests {
             "target_mirrored_to_source"
         );
         assert_eq!(path_of("get", Phase::Planned), "source");
+    }
+
+    #[test]
+    fn every_metric_is_named_in_a_scrape_before_it_is_recorded() {
+        let idle = with_every_family("");
+        for (name, _, _, help) in METRICS {
+            assert!(idle.contains(&format!("# HELP {name} {help}\n")), "{name}");
+            assert!(idle.contains(&format!("# TYPE {name} ")), "{name}");
+        }
+        assert!(idle.contains("# TYPE reshard_batch_seconds histogram\n"));
+        // A recorded metric keeps its own lines and is not named twice.
+        let recorded =
+            "# TYPE reshard_batches_total counter\nreshard_batches_total{task=\"backfill\"} 3\n";
+        let scrape = with_every_family(recorded);
+        assert!(scrape.starts_with(recorded));
+        assert_eq!(scrape.matches("# TYPE reshard_batches_total ").count(), 1);
     }
 
     #[test]

@@ -908,3 +908,200 @@ fn collect_keys(value: &serde_json::Value, out: &mut Vec<String>) {
         _ => {}
     }
 }
+
+/// Regression (issue 15): a task whose partitions have no size reported its total as what it
+/// had scanned and `eta done` while it ran; plain `status` showed neither routers nor open
+/// findings; an empty list of workers summed to `-0.0` in JSON and `-0 docs/s` in text; and
+/// `--watch` printed nothing without a terminal.
+#[tokio::test]
+async fn status_shows_routers_what_is_open_and_a_running_task_without_a_size() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let id = m["id"].as_i64().unwrap();
+    let ids = id.to_string();
+    for phase in ["dual_read", "write_switch", "backfill"] {
+        json(&db, &["migration", "advance", &ids, "--to", phase]);
+    }
+    // No worker is live: every rate is 0, never -0.
+    for args in [
+        vec!["migration", "status", &ids, "--output", "json"],
+        vec!["throttle", "show", &ids, "--output", "json"],
+        vec!["throttle", "show", &ids],
+        vec!["migration", "status", &ids],
+    ] {
+        let out = reshard(&db, &args);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let negative_zero = text.contains(": -0.0")
+            || text
+                .split(|c: char| c.is_whitespace() || c == '/')
+                .any(|t| t == "-0" || t == "-0.0");
+        assert!(!negative_zero, "{args:?} prints a negative zero:\n{text}");
+    }
+
+    // A plan whose running partition has no size yet, a worker at 50 docs/s, a router that
+    // has not acknowledged the current epoch.
+    let store = reshard::store::Store::connect(&db.url()).await.unwrap();
+    let partition = |approx: Option<i64>, lower: Option<&str>, upper: Option<&str>| {
+        reshard::store::partitions::NewPartition {
+            source_shard: "s1".into(),
+            source_collection: "orders".into(),
+            id_type: "string".into(),
+            lower_bound: lower.map(|b| b.as_bytes().to_vec()),
+            upper_bound: upper.map(|b| b.as_bytes().to_vec()),
+            tenant_filter: None,
+            approx_documents: approx,
+        }
+    };
+    store
+        .store_backfill_plan(
+            id,
+            &[
+                partition(None, None, Some("m")),
+                partition(Some(100), Some("m"), None),
+            ],
+            "test",
+            serde_json::json!({}),
+        )
+        .await
+        .unwrap();
+    let pool = db.pool().await;
+    sqlx::query(
+        "UPDATE partitions SET scanned = 40, inserted = 40, state = 'leased', lease_owner = 'w',
+                               lease_expires_at = now() + interval '1 minute'
+         WHERE id = (SELECT min(id) FROM partitions WHERE migration_id = $1)",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO workers (id, migration_id, name, host, pid, lease_expires_at, docs_per_sec,
+                              applied_docs_per_sec)
+         VALUES (gen_random_uuid(), $1, 'w', 'h', 1, now() + interval '1 minute', 50, 50)",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    silent_router(&db, "orders-api", 600.0).await;
+
+    let status = json(&db, &["migration", "status", &ids]);
+    let b = &status["backfill"];
+    assert!(b["approxDocumentsToCopy"].is_null(), "{b}");
+    assert!(b["remainingOperationTimeEstimatedSecs"].is_null(), "{b}");
+    let p = &status["progress"];
+    assert_eq!(p["task"], "backfill", "{p}");
+    assert_eq!(p["documents_scanned"], 40);
+    assert!(
+        p["approx_documents"].is_null() && p["eta_secs"].is_null(),
+        "{p}"
+    );
+    assert_eq!(p["docs_per_sec"], 50.0);
+    assert!(status["tasks"]["backfill"]["documents_left"].is_null());
+    let router = &status["routers"][0];
+    assert_eq!(router["name"], "orders-api");
+    assert_eq!(router["behind"], true, "{router}");
+    assert!(
+        router["lease_left_secs"].as_f64().unwrap() > 500.0,
+        "{router}"
+    );
+
+    let out = reshard(&db, &["migration", "status", &ids]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for expected in [
+        "backfill: 40 (total unknown) documents, 0/2 partitions",
+        "- (total unknown)",
+        "open findings / dead letters / bypasses  0 / 0 / 0",
+        "1 live (1 behind epoch",
+        "orders-api",
+        "- (behind",
+        "in 9m",
+    ] {
+        assert!(text.contains(expected), "{expected:?} not in\n{text}");
+    }
+    assert!(!text.contains("done\n"), "{text}");
+
+    // Once the partition has a size, the total and the ETA are known.
+    sqlx::query("UPDATE partitions SET approx_documents = 90 WHERE migration_id = $1 AND approx_documents IS NULL")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let status = json(&db, &["migration", "status", &ids]);
+    assert_eq!(status["backfill"]["approxDocumentsToCopy"], 190);
+    assert_eq!(status["progress"]["eta_secs"], 3, "150 left at 50/s");
+
+    // Without a terminal, the watch prints a line per refresh.
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", db.url())
+        .env_remove("RESHARD_LOG")
+        .args(["migration", "status", &ids, "--watch"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .take(2)
+            .map(|l| l.unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for line in &lines {
+        assert!(
+            line.contains("backfill: 40 of ~190") && line.contains("routers 1 live (1 behind"),
+            "{line}"
+        );
+    }
+}
+
+/// Regression (issue 15): `RESHARD_ACTOR=` recorded an empty actor.
+#[tokio::test]
+async fn an_empty_actor_is_the_operating_system_user() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    for (actor, expected) in [("", None), ("  ", None), ("ops-bot", Some("ops-bot"))] {
+        let out = assert_cmd::Command::cargo_bin("reshard")
+            .unwrap()
+            .env("RESHARD_DATABASE_URL", db.url())
+            .env("RESHARD_ACTOR", actor)
+            .args(["migration", "pause", "1"])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        json(&db, &["migration", "resume", "1"]);
+        let history = json(&db, &["migration", "history", "1"]);
+        let pause = history
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|e| e["kind"] == "pause")
+            .unwrap()
+            .clone();
+        let recorded = pause["actor"].as_str().unwrap();
+        match expected {
+            Some(name) => assert_eq!(recorded, name),
+            None => assert!(
+                recorded.contains('@') && !recorded.starts_with('@'),
+                "{recorded:?}"
+            ),
+        }
+    }
+}

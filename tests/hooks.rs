@@ -152,6 +152,17 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
         String::from_utf8_lossy(&dup.stderr)
     );
     assert_eq!(hooks(db, &id).len(), 2);
+    // The event that added a hook says its timeout as `hook list` shows it.
+    let added = w
+        .store
+        .events(w.migration)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.details["hook_added"] == "rec")
+        .expect("a hook_added event");
+    assert_eq!(added.details["timeout"], "30s", "{}", added.details);
+    assert_eq!(added.details["timeout"], hook(db, &id, "rec")["timeout"]);
 
     // A move delivers: the recording hook gets it, the broken one fails and the move stands.
     ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
@@ -398,5 +409,379 @@ steps:
     std::fs::write(&file, format!("{}{}", &text[..start], &text[end..])).unwrap();
     ok(db, &["run", &file]);
     assert!(hooks(db, &id).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Registers a router row by hand that acknowledges `epoch` (of migration `id`) and then
+/// never again: a router that is alive but silent.
+async fn silent_router(db: &StateDb, id: i64, name: &str, epoch: i64) {
+    sqlx::query(
+        "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at, migration_id,
+                              acked_epoch)
+         VALUES (gen_random_uuid(), 'orders', $1, 'web-1', 4242, now() + interval '10 minutes',
+                 $2, $3)",
+    )
+    .bind(name)
+    .bind(id)
+    .bind(epoch)
+    .execute(&db.pool().await)
+    .await
+    .unwrap();
+}
+
+/// Regression (issue 15): a driver restarted while routers hold writes ran every pending hook
+/// first (each up to its timeout, writes held), and a failing blocking hook there paused the
+/// migration with the switch unfinished. Now the switch is finished first; the hooks hear of
+/// it afterwards, and none runs while writes are held.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_driver_restarted_inside_the_write_switch_finishes_it_before_any_hook_runs() {
+    let w = World::start().await;
+    let db = &w.db;
+    let id = w.migration.to_string();
+    let dir = scratch("switch");
+    let rec = dir.join("rec.ndjson");
+    ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
+    // A slow hook that records the migration as it finds it when it runs.
+    let slow = format!("cat >> '{}'; sleep 2", rec.display());
+    ok(
+        db,
+        &[
+            "hook",
+            "add",
+            &id,
+            "--name",
+            "slow",
+            "--on",
+            "phase_change",
+            "--command",
+            &slow,
+        ],
+    );
+    ok(
+        db,
+        &[
+            "hook",
+            "add",
+            &id,
+            "--name",
+            "gate",
+            "--on",
+            "phase_change",
+            "--blocking",
+            "--command",
+            "cat > /dev/null; echo 'not today' >&2; exit 1",
+        ],
+    );
+    // A driver that entered the write switch and died: routers would hold writes now.
+    w.store
+        .transition(
+            w.migration,
+            &Action::Advance(reshard::phase::Phase::WriteSwitch),
+            "a driver that died",
+            None,
+            false,
+        )
+        .await
+        .unwrap();
+    // Nothing delivers while writes are held, whoever asks.
+    ok(db, &["hook", "deliver", &id]);
+    assert!(received(&rec).is_empty(), "{:?}", received(&rec));
+    assert_eq!(hook(db, &id, "gate")["failures"], 0);
+
+    let out = reshard(db, &["migration", "advance", &id, "--to", "new_writes"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("blocking hook") && err.contains("gate"),
+        "{err}"
+    );
+    let m = w.store.migration(w.migration).await.unwrap();
+    assert_eq!(m.phase().as_str(), "new_writes", "the switch was finished");
+    assert!(
+        m.paused,
+        "the blocking hook failed after the switch, and paused it"
+    );
+    let got = received(&rec);
+    assert_eq!(kinds(&got), ["advance", "advance"], "{got:?}");
+    assert_eq!(got[0]["event"]["to_phase"], "write_switch");
+    assert_eq!(got[1]["event"]["to_phase"], "new_writes");
+    for e in &got {
+        assert_eq!(
+            e["migration"]["phase"], "new_writes",
+            "ran while writes were held: {e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Before a move only blocking hooks run: a slow hook that is not blocking runs after it.
+#[tokio::test(flavor = "multi_thread")]
+async fn hooks_that_do_not_block_run_after_the_move() {
+    let w = World::start().await;
+    let db = &w.db;
+    let id = w.migration.to_string();
+    let dir = scratch("after");
+    let rec = dir.join("rec.ndjson");
+    let slow = format!("cat >> '{}'; sleep 1", rec.display());
+    ok(
+        db,
+        &[
+            "hook",
+            "add",
+            &id,
+            "--name",
+            "slow",
+            "--on",
+            "capacity_signal",
+            "--command",
+            &slow,
+        ],
+    );
+    // An event pending before the move.
+    w.store
+        .record_event(
+            w.migration,
+            "test",
+            &NewEvent::new(EventKind::CapacitySignal, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
+    let got = received(&rec);
+    assert_eq!(kinds(&got), ["capacity_signal"], "{got:?}");
+    assert_eq!(
+        got[0]["migration"]["phase"], "dual_read",
+        "it ran before the move"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every way a migration or a playbook run stops on a failure records an event of its own,
+/// which `--on failure` hooks receive: here a barrier that times out, a write switch that goes
+/// back, and a soak that finds overload. A barrier that waited records how long and for whom.
+#[tokio::test(flavor = "multi_thread")]
+async fn failure_hooks_hear_timed_out_barriers_and_failed_soaks() {
+    let w = World::start().await;
+    let db = &w.db;
+    let id = w.migration.to_string();
+    let dir = scratch("failures");
+    let rec = dir.join("failures.ndjson");
+    let record = format!("cat >> '{}'", rec.display());
+    ok(
+        db,
+        &[
+            "hook",
+            "add",
+            &id,
+            "--name",
+            "page",
+            "--on",
+            "failure",
+            "--command",
+            &record,
+        ],
+    );
+    // A router that is alive and never acknowledges: the move is made, its barrier times out.
+    silent_router(db, w.migration, "stuck-api", 1).await;
+    let out = reshard(
+        db,
+        &[
+            "migration",
+            "advance",
+            &id,
+            "--to",
+            "dual_read",
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let got = received(&rec);
+    assert_eq!(kinds(&got), ["barrier_timed_out"], "{got:?}");
+    let details = &got[0]["event"]["details"];
+    assert_eq!(details["epoch"], 2, "{details}");
+    assert_eq!(details["phase"], "dual_read");
+    assert_eq!(details["timeout"], "1s");
+    assert!(
+        details["missing"][0]
+            .as_str()
+            .unwrap()
+            .contains("stuck-api"),
+        "{details}"
+    );
+    assert!(details["back_to"].is_null());
+
+    // It acknowledges dual_read, not the write switch: the switch goes back.
+    sqlx::query("UPDATE routers SET acked_epoch = 2")
+        .execute(&db.pool().await)
+        .await
+        .unwrap();
+    let out = reshard(
+        db,
+        &[
+            "migration",
+            "advance",
+            &id,
+            "--to",
+            "write_switch",
+            "--switch-timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let got = received(&rec);
+    assert_eq!(
+        kinds(&got),
+        ["barrier_timed_out", "barrier_timed_out"],
+        "{got:?}"
+    );
+    let details = &got[1]["event"]["details"];
+    assert_eq!(details["phase"], "write_switch", "{details}");
+    assert_eq!(details["back_to"], "dual_read");
+    assert_eq!(
+        w.store
+            .migration(w.migration)
+            .await
+            .unwrap()
+            .phase()
+            .as_str(),
+        "dual_read"
+    );
+
+    // A router that acknowledges late: the barrier the next move runs first (the gate wants
+    // the current epoch acknowledged) waits for it, and says so.
+    let pool = db.pool().await;
+    let migration = w.migration;
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        loop {
+            sqlx::query(
+                "UPDATE routers SET acked_epoch = (SELECT epoch FROM migrations WHERE id = $1)",
+            )
+            .bind(migration)
+            .execute(&pool)
+            .await
+            .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    ok(db, &["migration", "advance", &id, "--to", "write_switch"]);
+    late.abort();
+    let events = w.store.events(w.migration).await.unwrap();
+    let waited: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::BarrierWaited)
+        .collect();
+    assert!(!waited.is_empty(), "{events:?}");
+    let first = &waited[0].details;
+    assert!(first["waited_ms"].as_u64().unwrap() >= 1000, "{first}");
+    assert!(
+        first["waited_for"][0]
+            .as_str()
+            .unwrap()
+            .contains("stuck-api"),
+        "{first}"
+    );
+    assert_eq!(first["phase"], "dual_read", "{first}");
+    assert_eq!(first["epoch"], 4, "{first}");
+    // Waiting is not a failure.
+    assert_eq!(received(&rec).len(), 2);
+
+    // A playbook's soak that finds the targets overloaded stops the run: `soak_failed`, once
+    // (the run's stop is the same failure, not another page).
+    let prec = dir.join("playbook.ndjson");
+    let uri = w.server.uri();
+    let base = format!("{}_soak", support::MongoServer::database_name());
+    let playbook = format!(
+        r#"apiVersion: reshard/v1
+name: invoices-soak
+collection: invoices
+shards:
+  - {{name: p1, uri: "{uri}", database: {base}_p1}}
+  - {{name: p2, uri: "{uri}", database: {base}_p2}}
+source:
+  spec:
+    tenant_key: customerId
+    layout: hashed
+    virtual_buckets: 64
+    placement:
+      - {{vbuckets: [0, 64], shard: p1}}
+target:
+  tenant_key: customerId
+  layout: hashed
+  virtual_buckets: 64
+  placement:
+    - {{vbuckets: [0, 32], shard: p1}}
+    - {{vbuckets: [32, 64], shard: p2}}
+hooks:
+  - {{name: page, on: [failure], command: "cat >> '{prec}'"}}
+steps:
+  - advance: dual_read
+  - name: soak-a-while
+    soak: 60s
+"#,
+        prec = prec.display()
+    );
+    let file = dir.join("soak.yaml");
+    std::fs::write(&file, playbook).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", db.url())
+        .env_remove("DATABASE_URL")
+        .env_remove("RESHARD_LOG")
+        .args(["run", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the soak runs, the targets signal overload.
+    let started = Instant::now();
+    loop {
+        let steps = w
+            .store
+            .playbook_steps("invoices-soak")
+            .await
+            .unwrap_or_default();
+        if steps
+            .iter()
+            .any(|s| s.position == 1 && s.started_at.is_some())
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the soak never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = w
+        .store
+        .playbook("invoices-soak")
+        .await
+        .unwrap()
+        .unwrap()
+        .migration_id;
+    w.store
+        .record_event(
+            pid,
+            "test",
+            &NewEvent::new(
+                EventKind::CapacitySignal,
+                serde_json::json!({"shard": "p2"}),
+            ),
+        )
+        .await
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || run.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("soak: the targets were overloaded"), "{err}");
+    let got = received(&prec);
+    assert_eq!(kinds(&got), ["soak_failed"], "{got:?}");
+    let details = &got[0]["event"]["details"];
+    assert_eq!(details["step"], "soak-a-while", "{details}");
+    assert_eq!(details["limit"], "overload");
+    assert_eq!(details["found"], 1);
     let _ = std::fs::remove_dir_all(&dir);
 }

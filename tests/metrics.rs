@@ -356,3 +356,87 @@ async fn status_watch_streams_one_json_object_per_refresh() {
     assert_eq!(objects.len(), 1, "{text}");
     assert_eq!(objects[0]["phase"], "rolled_back");
 }
+
+/// Regression (issue 15): an idle worker's `/metrics` was empty, not even `# HELP` lines, and
+/// `--metrics-addr localhost:PORT` was refused. Every metric is named from the first scrape,
+/// and the hooks a worker runs are counted by migration and hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_names_every_metric_and_counts_its_hooks_by_migration() {
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    reshard(
+        &w.db,
+        &[
+            "hook",
+            "add",
+            &id,
+            "--name",
+            "ping",
+            "--on",
+            "capacity_signal",
+            "--command",
+            "cat > /dev/null",
+        ],
+    );
+    let port = free_port();
+    let addr = format!("localhost:{port}");
+    let _worker = Killed(
+        Command::new(env!("CARGO_BIN_EXE_reshard"))
+            .env("RESHARD_DATABASE_URL", w.db.url())
+            .env_remove("RESHARD_LOG")
+            .args(["worker", &id, "--metrics-addr", &addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    let body = loop {
+        if let Some((status, body)) = get(port, "/metrics") {
+            assert!(status.contains("200"), "{status}");
+            break body;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no /metrics");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for (name, kind, _, help) in reshard::telemetry::METRICS {
+        assert!(
+            body.contains(&format!("# HELP {name} {help}")),
+            "{name}:\n{body}"
+        );
+        let kind = format!("{kind:?}").to_lowercase();
+        assert!(
+            body.contains(&format!("# TYPE {name} {kind}")),
+            "{name}:\n{body}"
+        );
+    }
+
+    w.store
+        .record_event(
+            w.migration,
+            "test",
+            &reshard::store::events::NewEvent::new(
+                reshard::store::events::EventKind::CapacitySignal,
+                serde_json::json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+    let labels = [
+        ("migration", id.as_str()),
+        ("hook", "ping"),
+        ("outcome", "ok"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = get(port, "/metrics").unwrap();
+        if sum(&body, "reshard_hook_runs_total", &labels) == 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hook run was not counted:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

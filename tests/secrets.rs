@@ -367,7 +367,7 @@ async fn no_password_in_the_store_the_events_the_output_or_the_logs() {
     run.reshard_refused(
         &["shard", "add", "x2", "--uri", &wrong, "--database", "x"],
         &[("RESHARD_WRONG_PASSWORD", &wrong_password)],
-        "uthentication failed",
+        "authentication failed: authentication failed (code 18 AuthenticationFailed)",
     )
     .await;
     let dead = format!(
@@ -377,7 +377,7 @@ async fn no_password_in_the_store_the_events_the_output_or_the_logs() {
     run.reshard_refused(
         &["shard", "add", "x3", "--uri", &dead, "--database", "x"],
         &[],
-        "did not answer a ping",
+        &format!("did not answer a ping on database \"x\": no server could be reached in time: 127.0.0.1:{dead_port}: connection refused"),
     )
     .await;
     // The password put in the variable as it is, not percent-encoded: the driver cannot

@@ -1,5 +1,6 @@
 //! `--metrics-addr`: installs the Prometheus recorder and serves `/metrics` (the text
-//! exposition format) and `/healthz` on a plain HTTP listener.
+//! exposition format; every metric is named, with its help, from the start, recorded or not)
+//! and `/healthz` on a plain HTTP listener.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -74,7 +75,11 @@ async fn answer(
         .and_then(|l| l.split_whitespace().nth(1))
         .unwrap_or("");
     let (status, content_type, body) = match path.split('?').next().unwrap_or("") {
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", handle.render()),
+        "/metrics" => (
+            "200 OK",
+            "text/plain; version=0.0.4",
+            telemetry::with_every_family(&handle.render()),
+        ),
         "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
         _ => (
             "404 Not Found",

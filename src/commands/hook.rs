@@ -2,7 +2,7 @@
 
 use crate::cli::{HookCommand, HookOnList};
 use crate::commands::Ctx;
-use crate::driver::hooks::{self, Wait};
+use crate::driver::hooks::{self, Wait, Which};
 use crate::error::{Error, Result};
 use crate::hooks::NewHook;
 use crate::output;
@@ -99,7 +99,14 @@ pub async fn run(ctx: &Ctx, cmd: HookCommand) -> Result<()> {
         }
         HookCommand::Deliver { id } => {
             ctx.store.migration(id).await?;
-            let done = hooks::deliver(&ctx.store, Some(id), Wait::ForOthers, &ctx.actor).await?;
+            let done = hooks::deliver(
+                &ctx.store,
+                Some(id),
+                Which::Every,
+                Wait::ForOthers,
+                &ctx.actor,
+            )
+            .await?;
             output::emit(ctx.output, &done, || {
                 println!(
                     "{} delivered, {} failed{}",

@@ -36,9 +36,12 @@ pub async fn run(cli: Cli) -> Result<()> {
         return playbook::run(cli.output, cmd);
     }
     let url = database_url(&cli)?;
+    // An empty `--actor` (`RESHARD_ACTOR=` in a script) names no one: the event log gets the
+    // operating system's user instead of an empty actor.
     let actor = cli
         .actor
         .clone()
+        .filter(|a| !a.trim().is_empty())
         .unwrap_or_else(crate::identity::default_actor);
     let output = cli.output;
     match cli.command {

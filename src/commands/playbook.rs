@@ -352,27 +352,42 @@ impl Progress for Screen {
     }
 
     fn task(&self, p: &TaskProgress) {
-        let total = p.approx_documents.max(p.documents).max(1) as u64;
+        let size = crate::estimate::TaskSize {
+            partitions: p.partitions,
+            done: p.done,
+            scanned: p.documents,
+            total: p.approx_documents,
+        };
+        let eta = match (size.total, size.eta(p.docs_per_sec)) {
+            (None, None) => "- (total unknown)".to_owned(),
+            (_, Some(s)) => format!("{s:.0}s"),
+            (_, None) => "-".to_owned(),
+        };
         if self.terminal {
             let mut bar = self.bar.lock().expect("bar lock");
             if bar.as_ref().is_none_or(|(t, _)| *t != p.task) {
-                let b = ProgressBar::new(total);
-                b.set_style(
-                    ProgressStyle::with_template(
-                        "      {prefix:9} [{bar:30}] {pos}/{len} docs  {msg}  ETA {eta}",
-                    )
-                    .unwrap_or_else(|_| ProgressStyle::default_bar())
-                    .progress_chars("=> "),
-                );
+                let b = ProgressBar::new(0);
                 b.set_prefix(p.task.to_string());
                 *bar = Some((p.task, b));
             }
             let (_, b) = bar.as_ref().expect("set above");
-            b.set_length(total);
+            // Without a total there is no bar to fill: the documents done and the rest.
+            let template = match size.total {
+                Some(_) => "      {prefix:9} [{bar:30}] {pos}/{len} docs  {msg}",
+                None => "      {prefix:9} {pos} docs (total unknown)  {msg}",
+            };
+            b.set_style(
+                ProgressStyle::with_template(template)
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            b.set_length(size.total.unwrap_or(0).max(p.documents).max(1) as u64);
             b.set_position(p.documents.max(0) as u64);
             b.set_message(format!(
-                "{:.0} docs/s, partitions {}/{}",
-                p.docs_per_sec, p.done, p.partitions
+                "{:.0} docs/s, partitions {}/{}, ETA {eta}",
+                crate::output::not_negative(p.docs_per_sec),
+                p.done,
+                p.partitions
             ));
             return;
         }
@@ -381,15 +396,16 @@ impl Progress for Screen {
             return;
         }
         *last = Some(Instant::now());
-        let eta = if p.docs_per_sec > 0.0 {
-            let left = (p.approx_documents - p.documents).max(0) as f64 / p.docs_per_sec;
-            format!("{left:.0}s")
-        } else {
-            "-".into()
-        };
+        let of = size
+            .total
+            .map_or("(total unknown)".to_owned(), |t| format!("of ~{t}"));
         eprintln!(
-            "      {}: {} of ~{} documents, partitions {}/{}, {:.0} docs/s, ETA {eta}",
-            p.task, p.documents, p.approx_documents, p.done, p.partitions, p.docs_per_sec
+            "      {}: {} {of} documents, partitions {}/{}, {:.0} docs/s, ETA {eta}",
+            p.task,
+            p.documents,
+            p.done,
+            p.partitions,
+            crate::output::not_negative(p.docs_per_sec)
         );
     }
 }

@@ -1,10 +1,19 @@
-//! `reshard migration status`: where a migration stands and how fast it moves.
+//! `reshard migration status`: where a migration stands and how fast it moves: the phase, the
+//! task its workers run (backfill, full reconciliation, cleanup waves, revert) with its
+//! progress, rate and ETA, the throttle, routers (acknowledged epoch, lease, p99), and what is
+//! open (findings, dead letters, bypasses, shadow-read mismatches); once, or refreshed every
+//! second with `--watch`.
+//!
+//! A partition's size is the planner's estimate (`approx_documents`), which may be missing (a
+//! revert's partitions, or an estimate not made yet): a task whose total is not known shows
+//! what is done and the rate, and no ETA, until it is.
 //!
 //! The JSON output uses the names operators know from MongoDB's `$currentOp` for resharding
 //! where they fit (`documentsCopied`, `approxDocumentsToCopy`,
 //! `remainingOperationTimeEstimatedSecs`).
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -13,11 +22,13 @@ use serde_json::json;
 
 use crate::commands::Ctx;
 use crate::error::{Error, Result};
-use crate::output;
+use crate::estimate::{PartitionSize, TaskSize};
+use crate::output::{self, not_negative};
 use crate::phase::Phase;
 use crate::settings::MigrationSettings;
 use crate::store::events::EventKind;
-use crate::store::partitions::{Partition, PartitionState, Task, TaskTotals};
+use crate::store::partitions::{wave_bound, Partition, PartitionState, Task, TaskTotals};
+use crate::store::routers::RouterRow;
 use crate::store::workers::WorkerRow;
 
 /// At most this many open shadow-read mismatches are listed.
@@ -35,7 +46,7 @@ struct ShardProgress {
     partitions_done: i64,
     scan: String,
     #[serde(rename = "approxDocumentsToCopy")]
-    approx_documents_to_copy: i64,
+    approx_documents_to_copy: Option<i64>,
     documents_scanned: i64,
     #[serde(rename = "documentsCopied")]
     documents_copied: i64,
@@ -44,13 +55,79 @@ struct ShardProgress {
     documents_dead_lettered: i64,
 }
 
+/// What the estimate needs of a partition.
+fn part_size(p: &Partition) -> PartitionSize {
+    PartitionSize {
+        done: p.state == PartitionState::Done,
+        scanned: p.scanned,
+        approx: p.approx_documents,
+    }
+}
+
+fn size_of(parts: impl IntoIterator<Item = PartitionSize>) -> TaskSize {
+    TaskSize::of(parts)
+}
+
+/// A task's size as status prints it.
+fn size_json(size: &TaskSize) -> serde_json::Value {
+    json!({
+        "partitions": size.partitions,
+        "partitions_done": size.done,
+        "documents_scanned": size.scanned,
+        "approx_documents": size.total,
+        "documents_left": size.left(),
+    })
+}
+
+/// Which cleanup wave is open, by the rule that limits the claims (`wave_bound`): the first
+/// wave whose last partition is the claims' bound now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Wave {
+    /// 1-based.
+    number: usize,
+    of: usize,
+    percent: f64,
+    /// Every partition is done.
+    done: bool,
+}
+
+/// `rows`: each cleanup partition's `(id, done)`, in id order.
+fn open_wave(rows: &[(i64, bool)], waves: [f64; 3]) -> Option<Wave> {
+    let bound = wave_bound(rows, waves)?;
+    let pending: Vec<(i64, bool)> = rows.iter().map(|(id, _)| (*id, false)).collect();
+    let number = waves
+        .iter()
+        .position(|w| wave_bound(&pending, [*w; 3]) == Some(bound))
+        .unwrap_or(waves.len() - 1);
+    Some(Wave {
+        number: number + 1,
+        of: waves.len(),
+        percent: waves[number],
+        done: rows.iter().all(|(_, done)| *done),
+    })
+}
+
+impl Wave {
+    fn text(&self) -> String {
+        if self.done {
+            format!("all {} waves done", self.of)
+        } else {
+            format!("wave {} of {} ({}%)", self.number, self.of, self.percent)
+        }
+    }
+}
+
 struct Snapshot {
     value: serde_json::Value,
     shards: Vec<ShardProgress>,
     totals: TaskTotals,
+    /// The backfill's size.
+    backfill: TaskSize,
     phase: Phase,
+    /// What the live workers report, documents per second.
     docs_per_sec: f64,
-    eta: Option<f64>,
+    /// The task the phase runs, its size.
+    active: Option<(&'static str, TaskSize)>,
 }
 
 async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<WorkerRow>)> {
@@ -93,52 +170,70 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             });
         s.partitions += 1;
         s.partitions_done += i64::from(p.state == PartitionState::Done);
-        s.approx_documents_to_copy += p.approx_documents.unwrap_or(0);
         s.documents_scanned += p.scanned;
         s.documents_copied += p.inserted;
         s.documents_already_present += p.already_present;
         s.documents_stamped += p.stamped;
         s.documents_dead_lettered += p.dead_lettered;
     }
+    for s in shards.values_mut() {
+        s.approx_documents_to_copy = size_of(
+            partitions
+                .iter()
+                .filter(|p| {
+                    p.source_shard == s.source_shard && p.source_collection == s.source_collection
+                })
+                .map(part_size),
+        )
+        .total;
+    }
     let shards: Vec<ShardProgress> = shards.into_values().collect();
     let live: Vec<&WorkerRow> = workers.iter().filter(|w| w.live).collect();
-    let docs_per_sec: f64 = live.iter().map(|w| w.docs_per_sec).sum();
-    let applied: f64 = live.iter().map(|w| w.applied_docs_per_sec).sum();
+    let docs_per_sec = not_negative(live.iter().map(|w| w.docs_per_sec).sum());
+    let applied = not_negative(live.iter().map(|w| w.applied_docs_per_sec).sum());
     let sum = |f: fn(&WorkerRow) -> i64| workers.iter().map(f).sum::<i64>();
-    let remaining = (totals.approx_documents - totals.scanned).max(0) as f64;
-    let eta = if totals.partitions > 0 && totals.done == totals.partitions {
-        Some(0.0)
-    } else if docs_per_sec > 0.5 {
-        Some(remaining / docs_per_sec)
+    let active_name = active_task(m.phase());
+    let backfill = size_of(partitions.iter().map(part_size));
+    // The workers' rate is the active task's: a finished backfill's ETA is 0, an idle one's
+    // unknown.
+    let backfill_eta = backfill.eta(if active_name == Some("backfill") {
+        docs_per_sec
     } else {
-        None
-    };
+        0.0
+    });
+    let cleanup_partitions = ctx.store.partitions(id, Task::Cleanup).await?;
+    let mut wave_rows: Vec<(i64, bool)> = cleanup_partitions
+        .iter()
+        .map(|p| (p.id, p.state == PartitionState::Done))
+        .collect();
+    wave_rows.sort_unstable();
+    let wave = open_wave(&wave_rows, settings.cleanup_waves);
     let mut tasks = serde_json::Map::new();
+    let mut active = None;
     for (name, task_partitions) in [
         ("backfill", partitions.clone()),
         ("verify", latest_full_run_partitions(ctx, id).await?),
-        ("cleanup", ctx.store.partitions(id, Task::Cleanup).await?),
+        ("cleanup", cleanup_partitions),
         ("revert", ctx.store.partitions(id, Task::Revert).await?),
     ] {
+        if active_name == Some(name) {
+            active = Some((name, size_of(task_partitions.iter().map(part_size))));
+        }
         tasks.insert(name.to_owned(), task_progress(&task_partitions));
     }
+    let progress = active.map(|(task, size)| {
+        let mut p = size_json(&size);
+        p["task"] = json!(task);
+        p["docs_per_sec"] = json!(docs_per_sec);
+        p["eta_secs"] = json!(size.eta(docs_per_sec).map(|s| s.round() as i64));
+        p
+    });
     let routers: Vec<serde_json::Value> = ctx
         .store
         .routers(Some(&m.collection))
         .await?
-        .into_iter()
-        .filter(|r| r.live)
-        .map(|r| {
-            json!({
-                "name": r.name,
-                "host": r.host,
-                "pid": r.pid,
-                "acknowledged_epoch": r.acked_epoch,
-                "lease_age_secs": r.lease_age_secs,
-                "p99_ms": r.stats["all"]["p99_ms"],
-                "errors": r.stats["all"]["errors"],
-            })
-        })
+        .iter()
+        .map(|r| router_json(r, m.epoch))
         .collect();
     let findings_open = open_findings(ctx, id).await?;
     let value = json!({
@@ -158,7 +253,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             "partitions": totals.partitions,
             "partitions_done": totals.done,
             "partitions_leased": totals.leased,
-            "approxDocumentsToCopy": totals.approx_documents,
+            "approxDocumentsToCopy": backfill.total,
             "documents_scanned": totals.scanned,
             "documentsCopied": totals.inserted,
             "documents_already_present": totals.already_present,
@@ -167,7 +262,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             "documents_skipped_foreign": totals.skipped_foreign,
             "dead_letters_open": open_dead_letters,
             "docs_per_sec": docs_per_sec,
-            "remainingOperationTimeEstimatedSecs": eta.map(|s| s.round() as i64),
+            "remainingOperationTimeEstimatedSecs": backfill_eta.map(|s| s.round() as i64),
             "shards": shards,
         },
         "throttle": {
@@ -195,6 +290,13 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             "documents_scanned": cleanup.scanned,
             "documents_deleted": cleanup.deleted,
             "documents_kept": cleanup.kept,
+            "waves": settings.cleanup_waves,
+            "wave": wave.map(|w| json!({
+                "number": w.number,
+                "of": w.of,
+                "percent": w.percent,
+                "done": w.done,
+            })),
             "tombstones_purged_at": m.tombstones_purged_at,
         },
         "revert": {
@@ -225,7 +327,8 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             "open": open_mismatches,
         },
         "workers": live,
-        "active_task": active_task(m.phase()),
+        "active_task": active_name,
+        "progress": progress,
         "tasks": tasks,
         "routers": routers,
         "findings_open": findings_open,
@@ -235,13 +338,31 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             value,
             shards,
             totals,
+            backfill,
             phase: m.phase(),
             docs_per_sec,
-            eta,
+            active,
         },
         partitions,
         workers,
     ))
+}
+
+/// A router as status shows it: its epoch against the migration's, its lease, its p99.
+fn router_json(r: &RouterRow, epoch: i64) -> serde_json::Value {
+    json!({
+        "name": r.name,
+        "host": r.host,
+        "pid": r.pid,
+        "live": r.live,
+        "acknowledged_epoch": r.acked_epoch,
+        "behind": r.acked_epoch != Some(epoch),
+        "lease_expires_at": r.lease_expires_at,
+        "lease_left_secs": r.lease_left_secs,
+        "lease_age_secs": r.lease_age_secs,
+        "p99_ms": r.stats["all"]["p99_ms"],
+        "errors": r.stats["all"]["errors"],
+    })
 }
 
 pub async fn run(ctx: &Ctx, id: i64, watch: bool, with_partitions: bool) -> Result<()> {
@@ -298,42 +419,28 @@ async fn open_findings(ctx: &Ctx, id: i64) -> Result<usize> {
     }
 }
 
-/// One task's progress: totals and, per source location, what is left (its lag).
+/// One task's progress: totals and, per source location, what is left (its lag; unknown
+/// while a running partition has no size).
 fn task_progress(partitions: &[Partition]) -> serde_json::Value {
-    let mut per: BTreeMap<String, (i64, i64, i64, i64)> = BTreeMap::new();
+    let mut per: BTreeMap<String, Vec<PartitionSize>> = BTreeMap::new();
     for p in partitions {
-        let e = per
-            .entry(format!("{}/{}", p.source_shard, p.source_collection))
-            .or_default();
-        e.0 += 1;
-        e.1 += i64::from(p.state == PartitionState::Done);
-        e.2 += p.scanned;
-        e.3 += p.approx_documents.unwrap_or(0);
+        per.entry(format!("{}/{}", p.source_shard, p.source_collection))
+            .or_default()
+            .push(part_size(p));
     }
     let shards: Vec<serde_json::Value> = per
         .iter()
-        .map(|(location, (n, done, scanned, approx))| {
-            json!({
-                "location": location,
-                "partitions": n,
-                "partitions_done": done,
-                "documents_scanned": scanned,
-                "approx_documents": approx.max(scanned),
-                "documents_left": if done == n { 0 } else { (approx - scanned).max(0) },
-            })
+        .map(|(location, parts)| {
+            let mut v = size_json(&size_of(parts.iter().copied()));
+            v["location"] = json!(location);
+            v
         })
         .collect();
-    let sum = |f: fn(&(i64, i64, i64, i64)) -> i64| per.values().map(f).sum::<i64>();
-    json!({
-        "partitions": sum(|e| e.0),
-        "partitions_done": sum(|e| e.1),
-        "documents_scanned": sum(|e| e.2),
-        "approx_documents": sum(|e| e.3.max(e.2)),
-        "shards": shards,
-    })
+    let mut v = size_json(&size_of(partitions.iter().map(part_size)));
+    v["shards"] = json!(shards);
+    v
 }
 
-/// `2 open of 3 (5 locations watched, caught up 4 s ago)`, or why nothing is watched.
 fn bypass_text(b: &serde_json::Value) -> String {
     let watches = b["watches"].as_array().map(Vec::len).unwrap_or(0);
     if watches == 0 {
@@ -372,12 +479,24 @@ fn eta_text(eta: Option<f64>) -> String {
     }
 }
 
-/// A rate as shown: never negative (a rate computed over a window can come out as -0).
-fn not_negative(rate: f64) -> f64 {
-    if rate > 0.0 {
-        rate
-    } else {
-        0.0
+/// The ETA of a task of `size` at `rate`, as shown: unknown when its total is.
+fn eta_of(size: &TaskSize, rate: f64) -> String {
+    match (size.total, size.eta(rate)) {
+        (None, None) => "- (total unknown)".into(),
+        (_, eta) => eta_text(eta),
+    }
+}
+
+/// `1234 of ~5000 (24.7%)`, or `1234 (total unknown)`.
+fn scanned_text(size: &TaskSize) -> String {
+    match size.total {
+        Some(total) if total > 0 => format!(
+            "{} of ~{total} ({:.1}%)",
+            size.scanned,
+            100.0 * size.scanned as f64 / total as f64
+        ),
+        Some(_) => size.scanned.to_string(),
+        None => format!("{} (total unknown)", size.scanned),
     }
 }
 
@@ -390,20 +509,59 @@ fn humantime(d: Duration) -> String {
     }
 }
 
+/// `in 9m58s` for a lease that runs, `expired 3s ago` for one that ran out.
+fn lease_text(left_secs: f64) -> String {
+    if left_secs >= 0.0 {
+        format!("in {}", humantime(Duration::from_secs_f64(left_secs)))
+    } else {
+        format!(
+            "expired {} ago",
+            humantime(Duration::from_secs_f64(-left_secs))
+        )
+    }
+}
+
+/// `2 live (1 behind epoch 7, heartbeats within 1.2s), 1 lease expired`: the routers and
+/// their leases in a phrase.
+fn routers_text(v: &serde_json::Value) -> String {
+    let routers = v["routers"].as_array().cloned().unwrap_or_default();
+    let live: Vec<&serde_json::Value> = routers.iter().filter(|r| r["live"] == true).collect();
+    let behind = live.iter().filter(|r| r["behind"] == true).count();
+    let expired = routers.len() - live.len();
+    let oldest = live
+        .iter()
+        .filter_map(|r| r["lease_age_secs"].as_f64())
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    let mut text = format!("{} live", live.len());
+    if !live.is_empty() {
+        text.push_str(&format!(
+            " ({behind} behind epoch {}, heartbeats within {:.1}s)",
+            v["epoch"],
+            oldest.unwrap_or(0.0)
+        ));
+    }
+    if expired > 0 {
+        text.push_str(&format!(", {expired} with an expired lease"));
+    }
+    text
+}
+
+/// The worst p99 the live routers reported.
+fn worst_p99(v: &serde_json::Value) -> Option<f64> {
+    v["routers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["live"] == true)
+        .filter_map(|r| r["p99_ms"].as_f64())
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+}
+
 fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
     let v = &snap.value;
     let b = &v["backfill"];
     let t = &v["throttle"];
-    let pct = if snap.totals.approx_documents > 0 {
-        format!(
-            " ({:.1}% of ~{})",
-            100.0 * snap.totals.scanned as f64 / snap.totals.approx_documents as f64,
-            snap.totals.approx_documents
-        )
-    } else {
-        String::new()
-    };
-    output::fields(&[
+    let mut fields = vec![
         (
             "migration",
             format!(
@@ -416,6 +574,21 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
         ),
         ("state", v["state"].as_str().unwrap_or("").to_owned()),
         ("epoch", v["epoch"].to_string()),
+    ];
+    if let Some((task, size)) = &snap.active {
+        fields.push((
+            "task",
+            format!(
+                "{task}: {} documents, {}/{} partitions",
+                scanned_text(size),
+                size.done,
+                size.partitions
+            ),
+        ));
+        fields.push(("docs/s", format!("{:.0}", snap.docs_per_sec)));
+        fields.push(("eta", eta_of(size, snap.docs_per_sec)));
+    }
+    fields.extend([
         (
             "partitions",
             if b["planned"].as_bool() == Some(true) {
@@ -432,7 +605,7 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
                 }
             },
         ),
-        ("scanned", format!("{}{pct}", snap.totals.scanned)),
+        ("scanned", scanned_text(&snap.backfill)),
         (
             "copied / present / stamped / dead",
             format!(
@@ -443,9 +616,13 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
                 snap.totals.dead_lettered
             ),
         ),
-        ("open dead letters", b["dead_letters_open"].to_string()),
-        ("docs/s", format!("{:.0}", not_negative(snap.docs_per_sec))),
-        ("eta", eta_text(snap.eta)),
+        (
+            "open findings / dead letters / bypasses",
+            format!(
+                "{} / {} / {}",
+                v["findings_open"], b["dead_letters_open"], v["bypasses"]["open"]
+            ),
+        ),
         (
             "rate (applied / configured)",
             format!(
@@ -460,7 +637,16 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
         ),
         ("capacity signals", t["capacity_signals"].to_string()),
         ("bypasses", bypass_text(&v["bypasses"])),
+        (
+            "routers",
+            format!(
+                "{}{}",
+                routers_text(v),
+                worst_p99(v).map_or(String::new(), |p| format!(", worst p99 {p:.1} ms"))
+            ),
+        ),
     ]);
+    output::fields(&fields);
     let sh = &v["shadow_reads"];
     let compared = sh["reads_compared"].as_i64().unwrap_or(0);
     let percent = sh["percent"].as_f64().unwrap_or(0.0);
@@ -506,10 +692,22 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
     }
     let c = &v["cleanup"];
     if c["partitions"].as_i64().unwrap_or(0) > 0 {
+        let wave = c["wave"]
+            .as_object()
+            .map(|w| {
+                let wave = Wave {
+                    number: w["number"].as_u64().unwrap_or(0) as usize,
+                    of: w["of"].as_u64().unwrap_or(0) as usize,
+                    percent: w["percent"].as_f64().unwrap_or(0.0),
+                    done: w["done"] == true,
+                };
+                format!("{}: ", wave.text())
+            })
+            .unwrap_or_default();
         output::fields(&[(
             "cleanup",
             format!(
-                "{}/{} partitions, {} deleted, {} kept (never moved)",
+                "{wave}{}/{} partitions, {} deleted, {} kept (never moved)",
                 c["partitions_done"], c["partitions"], c["documents_deleted"], c["documents_kept"]
             ),
         )]);
@@ -546,11 +744,37 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
                     s.scan.clone(),
                     format!("{}/{}", s.partitions_done, s.partitions),
                     s.documents_scanned.to_string(),
-                    s.approx_documents_to_copy.to_string(),
+                    output::or_dash(s.approx_documents_to_copy),
                     s.documents_copied.to_string(),
                     s.documents_already_present.to_string(),
                     s.documents_stamped.to_string(),
                     s.documents_dead_lettered.to_string(),
+                ]
+            }),
+        );
+    }
+    if let Some(routers) = v["routers"].as_array().filter(|r| !r.is_empty()) {
+        output::table(
+            &[
+                "router", "host", "pid", "epoch", "lease", "p99 ms", "errors",
+            ],
+            routers.iter().map(|r| {
+                [
+                    r["name"].as_str().unwrap_or("").to_owned(),
+                    r["host"].as_str().unwrap_or("").to_owned(),
+                    r["pid"].to_string(),
+                    match r["acknowledged_epoch"].as_i64() {
+                        Some(e) if r["behind"] == false => format!("{e} (current)"),
+                        Some(e) => format!("{e} (behind {})", v["epoch"]),
+                        None => format!("- (behind {})", v["epoch"]),
+                    },
+                    lease_text(r["lease_left_secs"].as_f64().unwrap_or(0.0)),
+                    r["p99_ms"]
+                        .as_f64()
+                        .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}")),
+                    r["errors"]
+                        .as_u64()
+                        .map_or_else(|| "-".to_owned(), |e| e.to_string()),
                 ]
             }),
         );
@@ -572,8 +796,8 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
                     w.name.clone(),
                     w.host.clone(),
                     w.pid.to_string(),
-                    format!("{:.0}", w.docs_per_sec),
-                    format!("{:.0}", w.applied_docs_per_sec),
+                    format!("{:.0}", not_negative(w.docs_per_sec)),
+                    format!("{:.0}", not_negative(w.applied_docs_per_sec)),
                     w.overloads.to_string(),
                     w.retries.to_string(),
                 ]
@@ -606,89 +830,116 @@ fn print_partitions(partitions: &[Partition]) {
     );
 }
 
+/// What the watch follows from one refresh to the next: the task shown and its rate.
+#[derive(Default)]
+struct Follow {
+    task: Option<String>,
+    last: Option<(Instant, i64)>,
+}
+
+/// One refresh of the watch: the task the phase runs (or the last one shown), its size and
+/// its rate.
+struct Refresh {
+    task: String,
+    /// Whether the task changed since the last refresh (new bars).
+    new_task: bool,
+    size: TaskSize,
+    rate: f64,
+}
+
+impl Follow {
+    fn refresh(&mut self, snap: &Snapshot) -> Refresh {
+        let v = &snap.value;
+        let task = v["active_task"]
+            .as_str()
+            .map(str::to_owned)
+            .or_else(|| self.task.clone())
+            .unwrap_or_else(|| "backfill".to_owned());
+        let new_task = self.task.as_deref() != Some(task.as_str());
+        if new_task {
+            self.task = Some(task.clone());
+            self.last = None;
+        }
+        let t = &v["tasks"][task.as_str()];
+        let size = TaskSize {
+            partitions: t["partitions"].as_i64().unwrap_or(0),
+            done: t["partitions_done"].as_i64().unwrap_or(0),
+            scanned: t["documents_scanned"].as_i64().unwrap_or(0),
+            total: t["approx_documents"].as_i64(),
+        };
+        // docs/s from what the task checkpointed since the last refresh (every task), or the
+        // workers' reports for the backfill.
+        let now = Instant::now();
+        let rate = match self.last {
+            Some((at, before)) if task != "backfill" => {
+                (size.scanned - before).max(0) as f64
+                    / now.duration_since(at).as_secs_f64().max(0.1)
+            }
+            _ => snap.docs_per_sec,
+        };
+        self.last = Some((now, size.scanned));
+        Refresh {
+            task,
+            new_task,
+            size,
+            rate,
+        }
+    }
+}
+
 /// The one status screen, refreshed every second until the migration ends (or Ctrl-C): bars
 /// for the task the phase runs (backfill, full reconciliation, cleanup waves, revert) per
 /// source location and overall, with docs/s and ETA; below them the throttle, routers, dead
-/// letters, findings and bypasses. With `--output json`: one JSON object per refresh, one
-/// per line (NDJSON), the same object `status --output json` prints.
+/// letters, findings and bypasses. Without a terminal, a plain line per refresh. With
+/// `--output json`: one JSON object per refresh, one per line (NDJSON), the same object
+/// `status --output json` prints.
 async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
     if matches!(ctx.output, crate::cli::OutputFormat::Json) {
-        loop {
-            let (snap, _, _) = snapshot(ctx, id).await?;
-            {
-                use std::io::Write;
-                let mut out = std::io::stdout().lock();
-                let line =
-                    serde_json::to_string(&snap.value).map_err(|e| Error::failed(e.to_string()))?;
-                if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-                    // The reader went away (a closed pipe): nothing more to say.
-                    return Ok(());
-                }
-            }
-            if snap.phase.is_terminal() {
-                return Ok(());
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = tokio::signal::ctrl_c() => return Ok(()),
-            }
-        }
+        return watch_lines(ctx, id, |snap, _| output::json_line(&snap.value)).await;
+    }
+    if !std::io::stdout().is_terminal() {
+        // Bars need a terminal; a log or a pipe gets what they would show, a line at a time.
+        return watch_lines(ctx, id, |snap, r| Ok(plain_line(snap, r))).await;
     }
     let multi = MultiProgress::new();
     let style = ProgressStyle::with_template("{prefix:>28} [{bar:36}] {pos}/{len} {msg}")
         .map_err(|e| Error::failed(e.to_string()))?
         .progress_chars("=> ");
+    // Without a total there is no bar to fill: the documents done and the rest of the line.
+    let no_total = ProgressStyle::with_template("{prefix:>28} {pos} documents {msg}")
+        .map_err(|e| Error::failed(e.to_string()))?;
     let overall = multi.add(ProgressBar::new(0).with_style(style.clone()));
     let facts = multi.add(ProgressBar::new_spinner());
     let mut bars: BTreeMap<String, ProgressBar> = BTreeMap::new();
-    let mut shown_task: Option<String> = None;
-    let mut last: Option<(Instant, i64)> = None;
+    let mut follow = Follow::default();
     loop {
         let (snap, _, _) = snapshot(ctx, id).await?;
         let v = &snap.value;
-        let task = v["active_task"]
-            .as_str()
-            .map(str::to_owned)
-            .or_else(|| shown_task.clone())
-            .unwrap_or_else(|| "backfill".to_owned());
-        let task = task.as_str();
-        if shown_task.as_deref() != Some(task) {
-            // A new task: new bars.
+        let r = follow.refresh(&snap);
+        if r.new_task {
             for bar in std::mem::take(&mut bars).into_values() {
                 bar.finish_and_clear();
                 multi.remove(&bar);
             }
             overall.reset();
-            shown_task = Some(task.to_owned());
-            last = None;
         }
-        let t = &v["tasks"][task];
-        let scanned = t["documents_scanned"].as_i64().unwrap_or(0);
-        let total = t["approx_documents"].as_i64().unwrap_or(0).max(scanned);
-        // docs/s from what the task checkpointed since the last refresh (every task), or the
-        // workers' reports for the backfill.
-        let now = Instant::now();
-        let rate = match last {
-            Some((at, before)) if task != "backfill" => {
-                (scanned - before).max(0) as f64 / now.duration_since(at).as_secs_f64().max(0.1)
+        let t = &v["tasks"][r.task.as_str()];
+        let shape = |bar: &ProgressBar, size: &TaskSize| match size.total {
+            Some(total) => {
+                bar.set_style(style.clone());
+                bar.set_length(total.max(size.scanned) as u64);
             }
-            _ => not_negative(snap.docs_per_sec),
+            None => bar.set_style(no_total.clone()),
         };
-        last = Some((now, scanned));
-        let eta = if rate > 0.5 {
-            Some((total - scanned).max(0) as f64 / rate)
-        } else {
-            None
-        };
-        overall.set_prefix(format!("{task} (all)"));
-        overall.set_length(total as u64);
-        overall.set_position(scanned as u64);
+        overall.set_prefix(format!("{} (all)", r.task));
+        shape(&overall, &r.size);
+        overall.set_position(r.size.scanned as u64);
         overall.set_message(format!(
             "{:.0} docs/s, eta {}, {}/{} partitions, {}",
-            rate,
-            eta_text(eta),
-            t["partitions_done"],
-            t["partitions"],
+            r.rate,
+            eta_of(&r.size, r.rate),
+            r.size.done,
+            r.size.partitions,
             v["state"].as_str().unwrap_or("")
         ));
         for shard in t["shards"].as_array().into_iter().flatten() {
@@ -701,12 +952,20 @@ async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
                         .with_prefix(key),
                 )
             });
-            let done = shard["documents_scanned"].as_i64().unwrap_or(0);
-            bar.set_length(shard["approx_documents"].as_i64().unwrap_or(0).max(done) as u64);
-            bar.set_position(done as u64);
+            let size = TaskSize {
+                partitions: shard["partitions"].as_i64().unwrap_or(0),
+                done: shard["partitions_done"].as_i64().unwrap_or(0),
+                scanned: shard["documents_scanned"].as_i64().unwrap_or(0),
+                total: shard["approx_documents"].as_i64(),
+            };
+            shape(bar, &size);
+            bar.set_position(size.scanned as u64);
             bar.set_message(format!(
-                "{}/{} partitions, {} left",
-                shard["partitions_done"], shard["partitions"], shard["documents_left"]
+                "{}/{} partitions, {}",
+                size.done,
+                size.partitions,
+                size.left()
+                    .map_or("total unknown".to_owned(), |left| format!("{left} left"))
             ));
         }
         facts.set_message(facts_line(v));
@@ -726,29 +985,140 @@ async fn watch_progress(ctx: &Ctx, id: i64) -> Result<()> {
     }
 }
 
-/// The line under the bars: throttle, routers, dead letters, findings, bypasses.
+/// The watch as lines on stdout, one per refresh (`line` makes it), until the migration ends,
+/// Ctrl-C, or the reader goes away.
+async fn watch_lines(
+    ctx: &Ctx,
+    id: i64,
+    line: impl Fn(&Snapshot, &Refresh) -> Result<String>,
+) -> Result<()> {
+    let mut follow = Follow::default();
+    loop {
+        let (snap, _, _) = snapshot(ctx, id).await?;
+        let refresh = follow.refresh(&snap);
+        let text = line(&snap, &refresh)?;
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            if writeln!(out, "{text}").and_then(|_| out.flush()).is_err() {
+                // The reader went away (a closed pipe): nothing more to say.
+                return Ok(());
+            }
+        }
+        if snap.phase.is_terminal() {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+/// `12:00:01 backfill: 1234 of ~5000 (24.7%) documents, 300 docs/s, eta 12s, 2/8 partitions,
+/// backfill | rate ...`: what the bars show, as one line.
+fn plain_line(snap: &Snapshot, r: &Refresh) -> String {
+    let v = &snap.value;
+    format!(
+        "{} {}: {} documents, {:.0} docs/s, eta {}, {}/{} partitions, {} | {}",
+        chrono::Utc::now().format("%H:%M:%S"),
+        r.task,
+        scanned_text(&r.size),
+        r.rate,
+        eta_of(&r.size, r.rate),
+        r.size.done,
+        r.size.partitions,
+        v["state"].as_str().unwrap_or(""),
+        facts_line(v)
+    )
+}
+
+/// The line under the bars: throttle, routers and their leases, dead letters, findings,
+/// bypasses.
 fn facts_line(v: &serde_json::Value) -> String {
     let t = &v["throttle"];
-    let routers = v["routers"].as_array().cloned().unwrap_or_default();
-    let epoch = v["epoch"].as_i64();
-    let behind = routers
-        .iter()
-        .filter(|r| r["acknowledged_epoch"].as_i64() != epoch)
-        .count();
-    let p99 = routers
-        .iter()
-        .filter_map(|r| r["p99_ms"].as_f64())
-        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
     format!(
-        "rate {:.0}/{:.0} docs/s | routers {} ({} behind epoch {}), p99 {} | dead letters {} | findings {} | bypasses {}",
+        "rate {:.0}/{:.0} docs/s | routers {}, p99 {} | dead letters {} | findings {} | bypasses {}",
         not_negative(t["applied_docs_per_sec"].as_f64().unwrap_or(0.0)),
         t["configured_docs_per_sec"].as_f64().unwrap_or(0.0),
-        routers.len(),
-        behind,
-        v["epoch"],
-        p99.map_or("-".to_owned(), |p| format!("{p:.1} ms")),
+        routers_text(v),
+        worst_p99(v).map_or("-".to_owned(), |p| format!("{p:.1} ms")),
         v["backfill"]["dead_letters_open"],
         v["findings_open"],
         v["bypasses"]["open"],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(done: bool, scanned: i64, approx: Option<i64>) -> PartitionSize {
+        PartitionSize {
+            done,
+            scanned,
+            approx,
+        }
+    }
+
+    #[test]
+    fn a_task_without_a_total_says_so_rather_than_done() {
+        let size = size_of([part(true, 40, None), part(false, 25, None)]);
+        assert_eq!(eta_of(&size, 100.0), "- (total unknown)");
+        assert_eq!(scanned_text(&size), "65 (total unknown)");
+        let size = size_of([part(true, 40, Some(60)), part(false, 25, Some(100))]);
+        assert_eq!(scanned_text(&size), "65 of ~140 (46.4%)");
+        assert_eq!(eta_of(&size, 25.0), "3s");
+        assert_eq!(eta_of(&size_of([part(true, 2, None)]), 0.0), "done");
+    }
+
+    #[test]
+    fn the_open_cleanup_wave_is_the_one_that_bounds_the_claims() {
+        let waves = [1.0, 10.0, 100.0];
+        // 200 partitions: waves of 2, 20 and 200.
+        let rows = |done: usize| -> Vec<(i64, bool)> {
+            (0..200).map(|i| (i as i64 + 1, i < done)).collect()
+        };
+        let number = |done| open_wave(&rows(done), waves).map(|w| (w.number, w.done));
+        assert_eq!(number(0), Some((1, false)));
+        assert_eq!(number(1), Some((1, false)));
+        assert_eq!(number(2), Some((2, false)));
+        assert_eq!(number(19), Some((2, false)));
+        assert_eq!(number(20), Some((3, false)));
+        assert_eq!(number(200), Some((3, true)));
+        let w = open_wave(&rows(5), waves).unwrap();
+        assert_eq!(w.text(), "wave 2 of 3 (10%)");
+        assert_eq!(
+            open_wave(&rows(200), waves).unwrap().text(),
+            "all 3 waves done"
+        );
+        // Waves that round to the same partitions: the first open one is named.
+        let few: Vec<(i64, bool)> = vec![(1, true), (2, false), (3, false)];
+        assert_eq!(open_wave(&few, waves).unwrap().number, 3);
+        assert_eq!(open_wave(&[], waves), None);
+    }
+
+    #[test]
+    fn leases_read_as_time_left_or_since() {
+        assert_eq!(lease_text(598.0), "in 9m58s");
+        assert_eq!(lease_text(-3.2), "expired 3s ago");
+    }
+
+    #[test]
+    fn the_routers_phrase_counts_lease_states() {
+        let v = json!({
+            "epoch": 7,
+            "routers": [
+                {"live": true, "behind": false, "lease_age_secs": 0.4, "p99_ms": 2.0},
+                {"live": true, "behind": true, "lease_age_secs": 1.2, "p99_ms": 9.5},
+                {"live": false, "behind": true, "lease_age_secs": 900.0, "p99_ms": 50.0},
+            ],
+        });
+        assert_eq!(
+            routers_text(&v),
+            "2 live (1 behind epoch 7, heartbeats within 1.2s), 1 with an expired lease"
+        );
+        assert_eq!(worst_p99(&v), Some(9.5));
+        assert_eq!(routers_text(&json!({"epoch": 1, "routers": []})), "0 live");
+    }
 }

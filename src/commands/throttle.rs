@@ -2,8 +2,9 @@
 
 use crate::cli::ThrottleCommand;
 use crate::commands::Ctx;
+use crate::duration::Unit;
 use crate::error::{Error, Result};
-use crate::output;
+use crate::output::{self, not_negative};
 use crate::settings::MigrationSettings;
 
 pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
@@ -33,6 +34,16 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
                      migration configure ID --documents-per-partition N`, before the backfill)",
                 ));
             }
+            // A value the stored unit cannot hold is refused at its flag, before anything
+            // changes: rounding it would store another setting than the one written.
+            let target_batch_latency_ms = target_batch_latency
+                .map(|d| d.whole("--target-batch-latency", Unit::Milliseconds))
+                .transpose()
+                .map_err(Error::bad_input)?;
+            let capacity_signal_after_secs = capacity_signal_after
+                .map(|d| d.whole("--capacity-signal-after", Unit::Seconds))
+                .transpose()
+                .map_err(Error::bad_input)?;
             let (before, after) = ctx
                 .store
                 .update_settings(
@@ -48,11 +59,11 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
                             s.batch_size = v;
                         }
                         // The stored settings keep their numeric fields (data, not flags).
-                        if let Some(v) = target_batch_latency {
-                            s.target_batch_latency_ms = v.as_millis() as u64;
+                        if let Some(v) = target_batch_latency_ms {
+                            s.target_batch_latency_ms = v;
                         }
-                        if let Some(v) = capacity_signal_after {
-                            s.capacity_signal_after_secs = v.as_secs();
+                        if let Some(v) = capacity_signal_after_secs {
+                            s.capacity_signal_after_secs = v;
                         }
                         if let Some(budget) = latency_budget {
                             budget.apply(s);
@@ -76,7 +87,7 @@ async fn show(ctx: &Ctx, id: i64) -> Result<()> {
     let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
     let workers = ctx.store.workers(id).await?;
     let live: Vec<_> = workers.iter().filter(|w| w.live).collect();
-    let applied: f64 = live.iter().map(|w| w.applied_docs_per_sec).sum();
+    let applied = not_negative(live.iter().map(|w| w.applied_docs_per_sec).sum());
     let value = serde_json::json!({
         "migration": id,
         "settings": settings,
@@ -102,8 +113,8 @@ async fn show(ctx: &Ctx, id: i64) -> Result<()> {
                 live.iter().map(|w| {
                     [
                         w.name.clone(),
-                        format!("{:.0}", w.applied_docs_per_sec),
-                        format!("{:.0}", w.docs_per_sec),
+                        format!("{:.0}", not_negative(w.applied_docs_per_sec)),
+                        format!("{:.0}", not_negative(w.docs_per_sec)),
                         w.overloads.to_string(),
                         w.retries.to_string(),
                         w.rate_cuts.to_string(),

@@ -2,9 +2,10 @@
 //! once per event it wants, in the order of the log, with the event as JSON on stdin.
 //!
 //! Who delivers: `reshard worker` every second (so events that workers record, like a
-//! capacity signal, reach hooks while the worker runs), the driver before and after each move
-//! and when a playbook stops at an approval (so a blocking hook on a phase change has run
-//! before the next move), and `reshard hook deliver`. A hook's row is locked while its command
+//! capacity signal, reach hooks while the worker runs), the driver after each move and when a
+//! playbook stops at an approval, blocking hooks also before each move (so a blocking hook on
+//! a phase change has run before the next move; the others never delay one, and nothing is
+//! delivered while a write switch holds writes), and `reshard hook deliver`. A hook's row is locked while its command
 //! runs, so two processes never deliver the same event to it at once; a process that dies
 //! mid-command leaves the event to be delivered again (at least once).
 
@@ -41,17 +42,30 @@ pub enum Wait {
     No,
 }
 
+/// Which hooks a delivery round runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    Every,
+    /// Only the blocking ones: what the driver delivers before a move, since only they may
+    /// stop it; the others wait until after the move, so that no command they run delays it.
+    Blocking,
+}
+
 /// Delivers every event recorded so far to the hooks of `migration` (of every migration
 /// with `None`). A blocking hook that fails pauses its migration (reason: the hook and its
 /// error) and stays at the event until the migration is resumed.
 pub async fn deliver(
     store: &Store,
     migration: Option<i64>,
+    which: Which,
     wait: Wait,
     actor: &str,
 ) -> StoreResult<Delivered> {
     let mut out = Delivered::default();
     for hook in store.hooks_behind(migration).await? {
+        if which == Which::Blocking && !hook.blocking {
+            continue;
+        }
         deliver_hook(store, hook.id, wait, actor, &mut out).await?;
     }
     Ok(out)
@@ -68,6 +82,12 @@ async fn deliver_hook(
         let Some(mut lock) = store.lock_hook(hook_id, wait == Wait::ForOthers).await? else {
             return Ok(());
         };
+        // Nothing runs while a write switch holds the application's writes (a blocking hook
+        // that failed there would pause the migration with the switch unfinished): the
+        // driver delivers once the switch is over.
+        if lock.migration.phase().write_path() == crate::phase::WritePath::Held {
+            return Ok(());
+        }
         let events = lock.pending(PAGE).await?;
         let on = lock.hook.on();
         let Some(event) = events.iter().find(|e| hooks::wanted(&on, e.kind)) else {
@@ -90,12 +110,12 @@ async fn deliver_hook(
         match run(&lock, event).await {
             Ok(()) => {
                 out.delivered += 1;
-                crate::telemetry::hook_run(&lock.hook.name, "ok");
+                crate::telemetry::hook_run(lock.migration.id, &lock.hook.name, "ok");
                 lock.passed(event.id, true).await?;
             }
             Err(error) => {
                 out.failed += 1;
-                crate::telemetry::hook_run(&lock.hook.name, "failed");
+                crate::telemetry::hook_run(lock.migration.id, &lock.hook.name, "failed");
                 let hook = lock.hook.clone();
                 let migration = lock.migration.id;
                 tracing::warn!(
@@ -234,7 +254,7 @@ pub async fn follow(
         if *shutdown.borrow() {
             return;
         }
-        if let Err(e) = deliver(&store, migration, Wait::No, &actor).await {
+        if let Err(e) = deliver(&store, migration, Which::Every, Wait::No, &actor).await {
             tracing::warn!("hooks: {e}");
         }
         tokio::select! {

@@ -81,9 +81,27 @@ pub struct TaskProgress {
     pub done: i64,
     /// Documents scanned so far.
     pub documents: i64,
-    /// The planner's estimate of the documents in scope.
-    pub approx_documents: i64,
+    /// The documents in all, as far as the planner's estimates say; `None` while a running
+    /// partition has none ([`crate::estimate::TaskSize`]).
+    pub approx_documents: Option<i64>,
     pub docs_per_sec: f64,
+}
+
+/// How a barrier ended, when it did not fail.
+enum Barrier {
+    Passed,
+    /// The routers still missing when the time ran out, by label.
+    TimedOut {
+        missing: Vec<String>,
+    },
+}
+
+/// Why a write switch goes back.
+enum SwitchBack {
+    /// These routers did not acknowledge in time.
+    Routers(Vec<String>),
+    /// Something else failed (the bypass watch, the state store).
+    Failed(String),
 }
 
 /// A [`Progress`] that reports nothing.
@@ -151,18 +169,23 @@ impl Driver {
         // A move asked for while the state store is down waits for it (up to the timeout):
         // routers serve on meanwhile, and nothing moves without the store.
         let current = self.migration_when_reachable(id, options.timeout).await?;
-        // Blocking hooks have run for everything recorded so far before anything moves.
-        if !options.dry_run {
-            self.deliver_hooks(id).await?;
-        }
         // A driver that stopped inside a write switch left it there (routers hold writes):
-        // finish the switch, forward or back, before anything else.
+        // finish the switch, forward or back, before anything else. No hook runs while
+        // writes are held; they hear about the switch once it is over.
         if matches!(current.phase(), Phase::WriteSwitch | Phase::RevertSwitch) && !options.dry_run {
-            self.write_switch(&current, options).await?;
+            let switched = self.write_switch(&current, options).await;
+            let delivered = self.deliver_hooks_after_move(id).await;
+            switched?;
+            delivered?;
             if self.store.migration(id).await?.phase() == to {
                 return Ok(());
             }
             return Box::pin(self.advance(id, to, options)).await;
+        }
+        // Blocking hooks have run for everything recorded so far before anything moves: they
+        // may stop the move. The others are told after it, so that none delays it.
+        if !options.dry_run {
+            self.deliver_blocking_hooks(id).await?;
         }
         // A move gated on every router applying the current epoch (`routers_acknowledged`)
         // waits for them first: a driver re-run after it stopped inside a barrier, or a move
@@ -204,6 +227,23 @@ impl Driver {
         if options.dry_run {
             return Ok(());
         }
+        // The move is made: whatever follows it (a barrier that times out, a switch that goes
+        // back) is delivered to the hooks too, the failure events with it.
+        let followed = self.after_move(&current, &t, to, options).await;
+        let delivered = self.deliver_hooks_after_move(id).await;
+        followed?;
+        delivered
+    }
+
+    /// What a move needs after it: the barrier or the write switch, and the last steps of an
+    /// ended migration.
+    async fn after_move(
+        &self,
+        current: &Migration,
+        t: &Transition,
+        to: Phase,
+        options: &MoveOptions,
+    ) -> Result<()> {
         if t.change.from.phase.changes_router_behaviour(to) {
             if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) {
                 self.write_switch(&t.migration, options).await?;
@@ -212,7 +252,7 @@ impl Driver {
             }
         }
         // The revert switch moves on to rolled_back by itself once every router acknowledged.
-        let reached = self.store.migration(id).await?;
+        let reached = self.store.migration(current.id).await?;
         if matches!(
             reached.phase(),
             Phase::Completed | Phase::RolledBack | Phase::Planned
@@ -223,13 +263,22 @@ impl Driver {
             self.barrier(&reached, options.timeout).await?;
             self.finish(&reached, options.timeout).await?;
         }
-        // The move is made: a store that went away since only delays the hooks (the next
-        // delivery sends what is pending), but a blocking hook that failed is the move's news.
-        self.deliver_hooks_after_move(id).await
+        Ok(())
     }
 
+    /// Delivers to every hook once a move is made (or a switch is over): a store that went
+    /// away since only delays the hooks (the next delivery sends what is pending), but a
+    /// blocking hook that failed is the move's news.
     async fn deliver_hooks_after_move(&self, id: i64) -> Result<()> {
-        match hooks::deliver(&self.store, Some(id), hooks::Wait::ForOthers, &self.actor).await {
+        match hooks::deliver(
+            &self.store,
+            Some(id),
+            hooks::Which::Every,
+            hooks::Wait::ForOthers,
+            &self.actor,
+        )
+        .await
+        {
             Err(e) if e.is_unavailable() => {
                 tracing::warn!(migration = id, "hooks not delivered after the move: {e}");
                 Ok(())
@@ -241,10 +290,51 @@ impl Driver {
 
     /// Delivers the migration's events to its hooks, waiting for a delivery another process
     /// has under way. Fails when a blocking hook failed (the migration is paused then).
+    /// Nothing is delivered while a write switch holds writes.
     pub async fn deliver_hooks(&self, id: i64) -> Result<()> {
-        let done =
-            hooks::deliver(&self.store, Some(id), hooks::Wait::ForOthers, &self.actor).await?;
+        let done = hooks::deliver(
+            &self.store,
+            Some(id),
+            hooks::Which::Every,
+            hooks::Wait::ForOthers,
+            &self.actor,
+        )
+        .await?;
         self.held(id, &done).await
+    }
+
+    /// Delivers the migration's events to its blocking hooks only: what must have run before
+    /// a move.
+    async fn deliver_blocking_hooks(&self, id: i64) -> Result<()> {
+        let done = hooks::deliver(
+            &self.store,
+            Some(id),
+            hooks::Which::Blocking,
+            hooks::Wait::ForOthers,
+            &self.actor,
+        )
+        .await?;
+        self.held(id, &done).await
+    }
+
+    /// Appends an event the driver observed (a barrier that waited or timed out, a failed
+    /// preparation). A store that fails here costs the event (logged), never the outcome the
+    /// caller reports.
+    async fn record(
+        &self,
+        id: i64,
+        kind: EventKind,
+        reason: Option<&str>,
+        details: serde_json::Value,
+    ) {
+        let event = NewEvent::new(kind, details).reason(reason);
+        if let Err(e) = self.store.record_event(id, &self.actor, &event).await {
+            tracing::warn!(
+                migration = id,
+                kind = kind.as_str(),
+                "event not recorded: {e}"
+            );
+        }
     }
 
     /// The error of a delivery in which a blocking hook failed.
@@ -311,7 +401,58 @@ impl Driver {
     /// router is counted out a fence margin after its lease ran out: it sends no command after
     /// that, and it loads the phase again before it serves. The routers counted out while the
     /// barrier waited for them are reported, with why.
+    ///
+    /// A barrier that had to wait records a `barrier_waited` event, one that timed out a
+    /// `barrier_timed_out` event (a failure).
     pub async fn barrier(&self, migration: &Migration, timeout: Duration) -> Result<()> {
+        match self.await_routers(migration, timeout).await? {
+            Barrier::Passed => Ok(()),
+            Barrier::TimedOut { missing } => {
+                let why = format!(
+                    "{} router(s) did not acknowledge epoch {} of migration {} within {}: {}",
+                    missing.len(),
+                    migration.epoch,
+                    migration.id,
+                    humantime::format_duration(timeout),
+                    missing.join(", ")
+                );
+                self.record_barrier_timeout(migration, timeout, &missing, None, &why)
+                    .await;
+                Err(Error::failed(format!(
+                    "{why}; the phase is {} and the next move waits for them",
+                    migration.phase()
+                )))
+            }
+        }
+    }
+
+    async fn record_barrier_timeout(
+        &self,
+        migration: &Migration,
+        timeout: Duration,
+        missing: &[String],
+        back_to: Option<Phase>,
+        why: &str,
+    ) {
+        self.record(
+            migration.id,
+            EventKind::BarrierTimedOut,
+            Some(why),
+            serde_json::json!({
+                "epoch": migration.epoch,
+                "phase": migration.phase().as_str(),
+                "timeout": humantime::format_duration(timeout).to_string(),
+                "missing": missing,
+                "back_to": back_to.map(|p| p.as_str()),
+            }),
+        )
+        .await;
+    }
+
+    /// Waits for every router still counted to acknowledge the migration's epoch, up to
+    /// `timeout` (see [`Driver::barrier`]); records a `barrier_waited` event when it passed
+    /// after waiting.
+    async fn await_routers(&self, migration: &Migration, timeout: Duration) -> Result<Barrier> {
         let started = Instant::now();
         let mut last_report: Option<Instant> = None;
         let mut waited_for = std::collections::BTreeSet::new();
@@ -345,24 +486,29 @@ impl Driver {
                     self.progress
                         .barrier_passed(migration, started.elapsed(), gone.len());
                 }
-                return Ok(());
+                if !waited_for.is_empty() {
+                    let waited = started.elapsed();
+                    self.record(
+                        migration.id,
+                        EventKind::BarrierWaited,
+                        None,
+                        serde_json::json!({
+                            "epoch": migration.epoch,
+                            "phase": migration.phase().as_str(),
+                            "waited_ms": waited.as_millis() as u64,
+                            "waited_for": waited_for,
+                            "counted_out": gone.iter().map(|r| r.label()).collect::<Vec<_>>(),
+                        }),
+                    )
+                    .await;
+                }
+                return Ok(Barrier::Passed);
             }
             waited_for.extend(missing.iter().map(|r| r.label()));
             if started.elapsed() >= timeout {
-                let names = missing
-                    .iter()
-                    .map(|r| r.label())
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                return Err(Error::failed(format!(
-                    "{} router(s) did not acknowledge epoch {} of migration {} within {}s: \
-                     {names}; the phase is {} and the next move waits for them",
-                    missing.len(),
-                    migration.epoch,
-                    migration.id,
-                    timeout.as_secs(),
-                    migration.phase()
-                )));
+                return Ok(Barrier::TimedOut {
+                    missing: missing.iter().map(|r| r.label()).collect(),
+                });
             }
             if last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
                 self.progress.waiting(migration, &missing);
@@ -383,13 +529,19 @@ impl Driver {
         };
         let id = entered.id;
         let write_switch = entered.phase() == Phase::WriteSwitch;
-        let mut waited = self.barrier(entered, options.switch_timeout).await;
+        // Why the switch goes back, if it does: the routers missing, or another failure.
+        let mut waited: std::result::Result<(), SwitchBack> =
+            match self.await_routers(entered, options.switch_timeout).await {
+                Ok(Barrier::Passed) => Ok(()),
+                Ok(Barrier::TimedOut { missing }) => Err(SwitchBack::Routers(missing)),
+                Err(e) => Err(SwitchBack::Failed(e.to_string())),
+            };
         if waited.is_ok() && write_switch {
             // Every router holds its writes and none is in flight: from here on, a plain
             // write to the source bypassed the router. Whatever came before is judged as
             // before the switch.
             if let Err(e) = self.catch_up_bypasses(entered, Some(true)).await {
-                waited = Err(Error::failed(format!(
+                waited = Err(SwitchBack::Failed(format!(
                     "the bypass watch could not catch up: {e}"
                 )));
             }
@@ -431,7 +583,43 @@ impl Driver {
                 self.barrier(&t.migration, options.timeout).await
             }
             Err(waited) => {
-                let why = format!("write switch timed out: {waited}");
+                let why = match &waited {
+                    SwitchBack::Routers(missing) => {
+                        let why = format!(
+                            "write switch timed out: {} router(s) did not acknowledge epoch {} \
+                             within {}: {}",
+                            missing.len(),
+                            entered.epoch,
+                            humantime::format_duration(options.switch_timeout),
+                            missing.join(", ")
+                        );
+                        self.record_barrier_timeout(
+                            entered,
+                            options.switch_timeout,
+                            missing,
+                            Some(back),
+                            &why,
+                        )
+                        .await;
+                        why
+                    }
+                    SwitchBack::Failed(error) => {
+                        let why = format!("write switch failed: {error}");
+                        self.record(
+                            id,
+                            EventKind::SwitchFailed,
+                            Some(&why),
+                            serde_json::json!({
+                                "epoch": entered.epoch,
+                                "phase": entered.phase().as_str(),
+                                "back_to": back.as_str(),
+                                "error": error,
+                            }),
+                        )
+                        .await;
+                        why
+                    }
+                };
                 if write_switch {
                     // Routers write the source plainly again once they see `dual_read`.
                     self.catch_up_bypasses(entered, Some(false)).await?;
@@ -467,6 +655,20 @@ impl Driver {
 
     /// Creates the target collections and indexes before routers start reading the target.
     async fn prepare(&self, m: &Migration, dry_run: bool) -> Result<()> {
+        let prepared = self.prepare_locations(m, dry_run).await;
+        if let (Err(e), false) = (&prepared, dry_run) {
+            self.record(
+                m.id,
+                EventKind::PrepareFailed,
+                Some(&e.to_string()),
+                serde_json::json!({ "error": e.to_string() }),
+            )
+            .await;
+        }
+        prepared
+    }
+
+    async fn prepare_locations(&self, m: &Migration, dry_run: bool) -> Result<()> {
         let (from, to) = self.store.migration_versions(m).await?;
         let shards = self.shards(false).await?;
         let done = crate::prepare::prepare(&from, &to, &shards, dry_run)

@@ -24,7 +24,7 @@ use crate::settings::MigrationSettings;
 use crate::spec::playbook::{
     forward_rank, Action, Playbook, Reconcile, Soak, Source, StrataDoc, Workers,
 };
-use crate::store::events::EventKind;
+use crate::store::events::{EventKind, NewEvent};
 use crate::store::migrations::Migration;
 use crate::store::partitions::Task;
 use crate::store::playbooks::NewPlaybook;
@@ -189,7 +189,8 @@ pub async fn run(driver: &Driver, pb: &Playbook, options: &RunOptions) -> Result
             .into_iter()
             .find(|r| r.position == position as i32)
             .and_then(|r| r.started_at);
-        let result = execute(driver, pb, id, &step.action, options, started_at).await;
+        let before = driver.store.last_event_id(id).await?;
+        let result = execute(driver, pb, id, step, options, started_at).await;
         match result {
             Ok(Some(outcome)) => {
                 driver
@@ -213,6 +214,7 @@ pub async fn run(driver: &Driver, pb: &Playbook, options: &RunOptions) -> Result
                     &step.name,
                     &StepState::Failed(e.to_string()),
                 );
+                record_step_failure(driver, pb, id, position, &step.name, before, &e).await;
                 return Err(e);
             }
         }
@@ -222,6 +224,43 @@ pub async fn run(driver: &Driver, pb: &Playbook, options: &RunOptions) -> Result
         migration: id,
         phase: m.phase(),
     })
+}
+
+/// Records that a step failed and the run stopped (`step_failed`), unless the failure is
+/// recorded already by what failed (a reconciliation run, a soak, a barrier, a worker that
+/// failed the migration, ...): one event per thing that happened, so that a failure hook
+/// pages once. A store that fails here costs the event (logged), never the step's error.
+async fn record_step_failure(
+    driver: &Driver,
+    pb: &Playbook,
+    id: i64,
+    position: usize,
+    step: &str,
+    before: i64,
+    error: &Error,
+) {
+    match driver.store.failure_recorded_since(id, before).await {
+        Ok(true) => return,
+        Ok(false) => {}
+        Err(e) => tracing::warn!(
+            migration = id,
+            "cannot tell whether the failure is recorded: {e}"
+        ),
+    }
+    let message = error.to_string();
+    let event = NewEvent::new(
+        EventKind::StepFailed,
+        json!({
+            "playbook": pb.doc.name,
+            "step": step,
+            "position": position + 1,
+            "error": message,
+        }),
+    )
+    .reason(Some(&message));
+    if let Err(e) = driver.store.record_event(id, &driver.actor, &event).await {
+        tracing::warn!(migration = id, step, "step_failed not recorded: {e}");
+    }
 }
 
 /// The playbook as pinned: the document with every step named, as JSON.
@@ -524,10 +563,11 @@ async fn execute(
     driver: &Driver,
     pb: &Playbook,
     id: i64,
-    action: &Action,
+    step: &crate::spec::playbook::Step,
     options: &RunOptions,
     started_at: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<Option<Outcome>> {
+    let action = &step.action;
     let moves = |timeout: Duration, switch_timeout: Duration| MoveOptions {
         dry_run: false,
         reason: Some(format!("playbook {}", pb.doc.name)),
@@ -552,7 +592,7 @@ async fn execute(
             advance_to(driver, id, Phase::Reconcile, &default_moves).await?;
             reconcile(driver, pb, id, r).await.map(Some)
         }
-        Action::Soak(s) => soak(driver, id, s, started_at, options).await,
+        Action::Soak(s) => soak(driver, id, &step.name, s, started_at, options).await,
         Action::Approve { .. } => unreachable!("approvals are handled by the run"),
         Action::Cleanup(w) => {
             advance_to(driver, id, Phase::Cleanup, &default_moves).await?;
@@ -688,13 +728,21 @@ async fn run_task(
         }
         let (t0, n0) = samples[0];
         let rate = (totals.scanned - n0) as f64 / now.duration_since(t0).as_secs_f64().max(1e-3);
+        let size =
+            crate::estimate::TaskSize::of(driver.store.partitions(id, task).await?.iter().map(
+                |p| crate::estimate::PartitionSize {
+                    done: p.state == crate::store::partitions::PartitionState::Done,
+                    scanned: p.scanned,
+                    approx: p.approx_documents,
+                },
+            ));
         driver.progress().task(&TaskProgress {
             migration: id,
             task,
             partitions: totals.partitions,
             done: totals.done,
             documents: totals.scanned,
-            approx_documents: totals.approx_documents,
+            approx_documents: size.total,
             docs_per_sec: rate,
         });
         if planned && totals.partitions >= 0 && totals.done == totals.partitions {
@@ -782,8 +830,9 @@ async fn apply_step_settings(driver: &Driver, id: i64, w: &Workers) -> Result<()
                 if let Some(v) = w.in_flight {
                     s.max_in_flight_per_shard = v;
                 }
+                // Whole milliseconds: the playbook's check refuses anything else.
                 if let Some(v) = w.latency_target {
-                    s.target_batch_latency_ms = v.as_millis().max(1) as u64;
+                    s.target_batch_latency_ms = v.as_millis() as u64;
                 }
                 if let Some(v) = w.waves {
                     s.cleanup_waves = v;
@@ -886,10 +935,12 @@ async fn reconcile(driver: &Driver, pb: &Playbook, id: i64, r: &Reconcile) -> Re
     unreachable!("attempts is at least 1")
 }
 
-/// Waits out the soak (from its first start), failing on what the step does not allow.
+/// Waits out the soak (from its first start), failing on what the step does not allow; a
+/// failure is recorded as a `soak_failed` event (what was found, what was allowed).
 async fn soak(
     driver: &Driver,
     id: i64,
+    step: &str,
     s: &Soak,
     started_at: Option<chrono::DateTime<chrono::Utc>>,
     options: &RunOptions,
@@ -913,20 +964,7 @@ async fn soak(
                     .map_or(0, |o| o.values().filter_map(|v| v.as_u64()).sum())
             })
             .sum();
-        if findings > s.max_findings {
-            return Err(Error::failed(format!(
-                "soak: reconciliation found {findings} problem(s) since it started (at most {} \
-                 allowed)",
-                s.max_findings
-            )));
-        }
         let letters = driver.store.dead_letters(id, false).await?.len() as u64;
-        if letters > s.max_dead_letters {
-            return Err(Error::failed(format!(
-                "soak: {letters} open dead letter(s) (at most {} allowed)",
-                s.max_dead_letters
-            )));
-        }
         let overload = driver
             .store
             .events(id)
@@ -942,12 +980,6 @@ async fn soak(
             // Each capacity signal stands for a window of overload.
             Some(limit) => signal_window * overload as u32 >= limit,
         };
-        if lasting {
-            return Err(Error::failed(format!(
-                "soak: the targets were overloaded ({overload} capacity signal(s) since it \
-                 started); add capacity or lower the rate"
-            )));
-        }
         for r in driver.store.routers(Some(&m.collection)).await? {
             if r.heartbeat_at >= started {
                 let errors = r.stats["errors"].as_u64().unwrap_or(0);
@@ -955,11 +987,67 @@ async fn soak(
             }
         }
         let errors: u64 = router_errors.values().sum();
-        if errors > s.max_router_errors {
-            return Err(Error::failed(format!(
-                "soak: routers reported {errors} error(s) since it started (at most {} allowed)",
-                s.max_router_errors
-            )));
+        let failed = if findings > s.max_findings {
+            Some(SoakFailure {
+                limit: "findings",
+                found: findings,
+                allowed: Some(s.max_findings),
+                message: format!(
+                    "soak: reconciliation found {findings} problem(s) since it started (at most \
+                     {} allowed)",
+                    s.max_findings
+                ),
+            })
+        } else if letters > s.max_dead_letters {
+            Some(SoakFailure {
+                limit: "dead_letters",
+                found: letters,
+                allowed: Some(s.max_dead_letters),
+                message: format!(
+                    "soak: {letters} open dead letter(s) (at most {} allowed)",
+                    s.max_dead_letters
+                ),
+            })
+        } else if lasting {
+            Some(SoakFailure {
+                limit: "overload",
+                found: overload as u64,
+                allowed: None,
+                message: format!(
+                    "soak: the targets were overloaded ({overload} capacity signal(s) since it \
+                     started); add capacity or lower the rate"
+                ),
+            })
+        } else if errors > s.max_router_errors {
+            Some(SoakFailure {
+                limit: "router_errors",
+                found: errors,
+                allowed: Some(s.max_router_errors),
+                message: format!(
+                    "soak: routers reported {errors} error(s) since it started (at most {} \
+                     allowed)",
+                    s.max_router_errors
+                ),
+            })
+        } else {
+            None
+        };
+        if let Some(f) = failed {
+            let event = NewEvent::new(
+                EventKind::SoakFailed,
+                json!({
+                    "step": step,
+                    "limit": f.limit,
+                    "found": f.found,
+                    "allowed": f.allowed,
+                    "since": started,
+                }),
+            )
+            .reason(Some(&f.message));
+            if let Err(e) = driver.store.record_event(id, &driver.actor, &event).await {
+                tracing::warn!(migration = id, step, "soak_failed not recorded: {e}");
+            }
+            return Err(Error::failed(f.message));
         }
         let now = chrono::Utc::now();
         if now >= until {
@@ -982,6 +1070,16 @@ async fn soak(
             return Ok(None);
         }
     }
+}
+
+/// What a soak found that it does not allow.
+struct SoakFailure {
+    /// Which limit: `findings`, `dead_letters`, `overload`, `router_errors`.
+    limit: &'static str,
+    found: u64,
+    /// The most allowed (`None`: none, for overload without `overload_for`).
+    allowed: Option<u64>,
+    message: String,
 }
 
 /// Rolls the migration back from where it stands, to `rolled_back`: the rollback path, the

@@ -257,7 +257,7 @@ async fn find(
             deadline,
         )
         .await
-        .map_err(|e| format!("{location}: {e:?}"))?;
+        .map_err(|e| format!("{location}: {e}"))?;
         if let Some(doc) = found {
             return Ok(Some((doc, location)));
         }

@@ -6,6 +6,7 @@
 //! and the workers' bulk writes through [`crate::copy::BulkWriter`] over the same handles.
 
 pub mod command;
+mod reachability;
 pub mod read;
 
 use std::collections::BTreeMap;
@@ -188,16 +189,24 @@ fn resolve(uri: &str) -> Result<Resolved, ShardConnectError> {
 async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectError> {
     let resolved = resolve(uri)?;
     // The driver's reason may quote the resolved text, so what the references stood for is
-    // scrubbed from it.
-    let bad = |e: mongodb::error::Error| ShardConnectError::BadUri {
-        uri: Redacted::new(uri),
-        reason: crate::redact::scrub(&describe(&e), &resolved.values),
+    // scrubbed from it, in the line and in the debug log alike.
+    let bad = |e: mongodb::error::Error| {
+        let detail = crate::redact::scrub(&e.to_string(), &resolved.values);
+        tracing::debug!(target: "reshard::mongodb", "{}", redact_uri(&detail));
+        ShardConnectError::BadUri {
+            uri: Redacted::new(uri),
+            reason: crate::redact::scrub(&one_line(&e), &resolved.values),
+        }
     };
     let mut options = ClientOptions::parse(&resolved.uri).await.map_err(bad)?;
     if bulk_writer {
         crate::copy::writer::disable_driver_write_retries(&mut options);
     }
     options.app_name.get_or_insert_with(|| "reshard".to_owned());
+    // Each server's failed heartbeats are kept, typed, to say why a selection timed out.
+    options
+        .sdam_event_handler
+        .get_or_insert_with(reachability::handler);
     options
         .server_selection_timeout
         .get_or_insert(Duration::from_secs(10));
@@ -207,21 +216,22 @@ async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectErr
     Client::with_options(options).map_err(bad)
 }
 
-/// A driver error as one line an operator can read: what failed, the server's code and
+/// A driver error as one line an operator can read: what failed, where (the servers a
+/// selection could not reach, by `host:port`), the cause in plain words, the server's code and
 /// message where there is one, never a password. The driver's own rendering (`Kind: ...,
-/// labels: {}, source: None, server response: None`) is for debug logs.
+/// labels: {}, source: None, server response: None`, a topology dump for a selection timeout)
+/// is logged at debug level (target `reshard::mongodb`), for `RESHARD_LOG=debug`.
 pub fn describe(e: &mongodb::error::Error) -> String {
+    tracing::debug!(target: "reshard::mongodb", "{}", redact_uri(&e.to_string()));
+    one_line(e)
+}
+
+/// [`describe`]'s line, without the debug log.
+fn one_line(e: &mongodb::error::Error) -> String {
     use mongodb::error::{ErrorKind, WriteFailure};
-    let code_name = |name: &str| {
-        if name.is_empty() {
-            String::new()
-        } else {
-            format!(" {name}")
-        }
-    };
     let text = match &*e.kind {
         ErrorKind::InvalidArgument { message, .. } => format!("invalid argument: {message}"),
-        ErrorKind::Authentication { message, .. } => format!("authentication failed: {message}"),
+        ErrorKind::Authentication { message, .. } => authentication(e, message),
         ErrorKind::Command(c) => format!(
             "the server refused the command: {} (code {}{})",
             c.message,
@@ -255,14 +265,12 @@ pub fn describe(e: &mongodb::error::Error) -> String {
                         "the write concern was not satisfied: {} (code {})",
                         w.message, w.code
                     ),
-                    None => e.kind.to_string(),
+                    None => "the server refused the documents".to_owned(),
                 },
             }
         }
-        ErrorKind::Io(io) => format!("network error: {io}"),
-        ErrorKind::ServerSelection { message, .. } => {
-            format!("no server could be selected in time: {message}")
-        }
+        ErrorKind::Io(io) => network(io),
+        ErrorKind::ServerSelection { message, .. } => server_selection(message),
         ErrorKind::DnsResolve { message, .. } => format!("DNS resolution failed: {message}"),
         ErrorKind::ConnectionPoolCleared { message, .. } => {
             format!("the connection pool was cleared: {message}")
@@ -275,6 +283,83 @@ pub fn describe(e: &mongodb::error::Error) -> String {
     };
     let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     redact_uri(&one_line)
+}
+
+fn code_name(name: &str) -> String {
+    if name.is_empty() {
+        String::new()
+    } else {
+        format!(" {name}")
+    }
+}
+
+/// An authentication failure with the server's code and message, which the driver keeps as
+/// the error's source (its own message names only the mechanism).
+fn authentication(e: &mongodb::error::Error, message: &str) -> String {
+    use mongodb::error::ErrorKind;
+    // The source is the boxed driver error (`Box<Error>` is what the driver's `source()`
+    // hands out), or the error itself.
+    let server = std::error::Error::source(e)
+        .and_then(|s| {
+            s.downcast_ref::<Box<mongodb::error::Error>>()
+                .map(|b| &**b)
+                .or_else(|| s.downcast_ref::<mongodb::error::Error>())
+        })
+        .and_then(|s| match &*s.kind {
+            ErrorKind::Command(c) => Some(c.clone()),
+            _ => None,
+        });
+    match server {
+        Some(c) => format!(
+            "authentication failed: {} (code {}{})",
+            c.message,
+            c.code,
+            code_name(&c.code_name)
+        ),
+        None => format!("authentication failed: {message}"),
+    }
+}
+
+/// A network error in plain words, by its I/O kind.
+fn network(io: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match io.kind() {
+        ErrorKind::ConnectionRefused => "connection refused".to_owned(),
+        ErrorKind::TimedOut => "timed out".to_owned(),
+        ErrorKind::ConnectionReset => "the connection was reset".to_owned(),
+        ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof => {
+            "the server closed the connection".to_owned()
+        }
+        _ => format!("network error: {io}"),
+    }
+}
+
+/// A server-selection timeout: each server the selection names, with why its monitor could
+/// not reach it ([`reachability`]).
+fn server_selection(message: &str) -> String {
+    let unreachable = reachability::named_in(message);
+    if unreachable.is_empty() {
+        // The servers answered (or this process's clients were opened elsewhere, without the
+        // monitor's reports), but none could serve the operation: no primary, a replica set
+        // name the servers do not have, ...
+        return "no server that can serve the operation answered in time (no primary, or a \
+                replica set other than the one named; RESHARD_LOG=debug shows the driver's view \
+                of the servers)"
+            .to_owned();
+    }
+    let causes: Vec<String> = unreachable
+        .iter()
+        .map(|(address, e)| format!("{address}: {}", cause(e)))
+        .collect();
+    format!("no server could be reached in time: {}", causes.join("; "))
+}
+
+/// Why a heartbeat failed, in a few words.
+fn cause(e: &mongodb::error::Error) -> String {
+    match &*e.kind {
+        mongodb::error::ErrorKind::ServerSelection { .. } => "not reachable".to_owned(),
+        _ => one_line(e),
+    }
 }
 
 /// Checks that the shard answers on its database.
@@ -309,6 +394,63 @@ mod tests {
         assert!(line.starts_with("invalid argument: "), "{line}");
         assert!(line.contains("notaport"), "{line}");
         for noise in ["Kind:", "labels", "source: None", "\n", "s3cret"] {
+            assert!(!line.contains(noise), "{noise:?} in {line}");
+        }
+    }
+
+    /// The error of a ping to `uri` (which must fail).
+    async fn ping_error(uri: &str) -> mongodb::error::Error {
+        client(uri)
+            .await
+            .unwrap()
+            .database("admin")
+            .run_command(doc! { "ping": 1 })
+            .await
+            .unwrap_err()
+    }
+
+    /// Regression (issue 15): a server-selection timeout reached the operator as the driver's
+    /// topology dump (`Topology: { Type: Unknown, Servers: [ { ... Error: Kind: I/O error:
+    /// Connection refused (os error 111), labels: {}, ... } ] }`).
+    #[tokio::test]
+    async fn an_unreachable_server_is_named_with_why_in_one_line() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let refused = ping_error(&format!(
+            "mongodb://app:s3cret@127.0.0.1:{port}/?serverSelectionTimeoutMS=500&directConnection=true"
+        ))
+        .await;
+        assert!(
+            refused.to_string().contains("Topology"),
+            "the driver's own dump: {refused}"
+        );
+        let line = describe(&refused);
+        assert_eq!(
+            line,
+            format!("no server could be reached in time: 127.0.0.1:{port}: connection refused")
+        );
+
+        // A server that accepts the connection and never answers.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        // Connections are held open, unanswered, until the test process ends.
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in silent.incoming() {
+                held.push(stream);
+            }
+        });
+        let timed_out = ping_error(&format!(
+            "mongodb://127.0.0.1:{port}/?serverSelectionTimeoutMS=1500&connectTimeoutMS=200&directConnection=true"
+        ))
+        .await;
+        let line = describe(&timed_out);
+        assert_eq!(
+            line,
+            format!("no server could be reached in time: 127.0.0.1:{port}: timed out")
+        );
+        for noise in ["Kind:", "labels", "Topology", "s3cret"] {
             assert!(!line.contains(noise), "{noise:?} in {line}");
         }
     }

@@ -1059,7 +1059,13 @@ fn hooks(docs: &[HookDoc], problems: &mut Problems) -> Vec<crate::hooks::NewHook
         }
         let timeout = match &h.timeout {
             None => Some(Duration::from_secs(30)),
-            Some(t) => duration(t, &format!("{path}.timeout"), problems).and_then(|d| {
+            Some(t) => whole_duration(
+                t,
+                &format!("{path}.timeout"),
+                crate::duration::Unit::Milliseconds,
+                problems,
+            )
+            .and_then(|d| {
                 if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
                     problems.add(
                         format!("{path}.timeout"),
@@ -1082,6 +1088,25 @@ fn hooks(docs: &[HookDoc], problems: &mut Problems) -> Vec<crate::hooks::NewHook
         }
     }
     out
+}
+
+/// A duration at `path` that is stored as a whole number of `unit` (a setting in whole
+/// seconds or milliseconds): one the unit cannot hold is a problem, with what to write, not a
+/// value rounded without a word.
+fn whole_duration(
+    text: &str,
+    path: &str,
+    unit: crate::duration::Unit,
+    problems: &mut Problems,
+) -> Option<Duration> {
+    let d = duration(text, path, problems)?;
+    match crate::duration::whole(d, unit) {
+        Ok(_) => Some(d),
+        Err(why) => {
+            problems.add(path, format!("{}: {why}", text.trim()));
+            None
+        }
+    }
 }
 
 /// `"30s"`, `"500ms"`, `"5m"` at `path`.
@@ -1172,10 +1197,14 @@ fn workers(doc: &WorkersDoc, path: &str, problems: &mut Problems) -> Workers {
         batch_size: doc.batch_size,
         rate: doc.rate,
         in_flight: doc.in_flight,
-        latency_target: doc
-            .latency_target
-            .as_ref()
-            .and_then(|t| duration(t, &child(path, "latency_target"), problems)),
+        latency_target: doc.latency_target.as_ref().and_then(|t| {
+            whole_duration(
+                t,
+                &child(path, "latency_target"),
+                crate::duration::Unit::Milliseconds,
+                problems,
+            )
+        }),
         waves: waves(&doc.waves, &child(path, "waves"), problems),
     }
 }
@@ -1498,13 +1527,23 @@ fn settings(doc: &SettingsDoc, problems: &mut Problems) -> Option<MigrationSetti
         s.max_in_flight_per_shard = v;
     }
     if let Some(t) = &doc.target_batch_latency {
-        if let Some(d) = duration(t, "settings.target_batch_latency", problems) {
-            s.target_batch_latency_ms = d.as_millis().max(1) as u64;
+        if let Some(d) = whole_duration(
+            t,
+            "settings.target_batch_latency",
+            crate::duration::Unit::Milliseconds,
+            problems,
+        ) {
+            s.target_batch_latency_ms = d.as_millis() as u64;
         }
     }
     if let Some(t) = &doc.capacity_signal_after {
-        if let Some(d) = duration(t, "settings.capacity_signal_after", problems) {
-            s.capacity_signal_after_secs = d.as_secs().max(1);
+        if let Some(d) = whole_duration(
+            t,
+            "settings.capacity_signal_after",
+            crate::duration::Unit::Seconds,
+            problems,
+        ) {
+            s.capacity_signal_after_secs = d.as_secs();
         }
     }
     if let Some(v) = doc.documents_per_partition {

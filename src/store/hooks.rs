@@ -295,7 +295,8 @@ async fn insert_hook(
             "hook_added": hook.name,
             "on": hook.on_names(),
             "blocking": hook.blocking,
-            "timeout_ms": hook.timeout_ms(),
+            // As `hook list` shows it: humantime text.
+            "timeout": humantime::format_duration(hook.timeout).to_string(),
             "origin": origin,
         }),
     );

@@ -185,6 +185,34 @@ impl Store {
         .await?)
     }
 
+    /// The id of the migration's latest event (0 when it has none).
+    pub async fn last_event_id(&self, migration_id: i64) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT coalesce(max(id), 0)::bigint FROM migration_events WHERE migration_id = $1",
+        )
+        .bind(migration_id)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// Whether a failure ([`EventKind::is_failure`]) was recorded after event `after`.
+    pub async fn failure_recorded_since(&self, migration_id: i64, after: i64) -> StoreResult<bool> {
+        let failures: Vec<&str> = EventKind::ALL
+            .iter()
+            .filter(|k| k.is_failure())
+            .map(|k| k.as_str())
+            .collect();
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM migration_events
+                            WHERE migration_id = $1 AND id > $2 AND kind = ANY($3))",
+        )
+        .bind(migration_id)
+        .bind(after)
+        .bind(failures)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
     /// The one path by which a migration's phase, epoch, pause or failure changes. In one
     /// transaction it locks the row, asks the phase machine whether `action` is allowed, checks
     /// the move's gates, bumps the epoch (compare-and-set on the old one), appends the event

@@ -130,7 +130,8 @@ impl Store {
         .await?)
     }
 
-    /// Stores a run's findings and verdict, and an event naming both. A run finishes once:
+    /// Stores a run's findings and verdict, and an event naming both (`reconciled`, or
+    /// `reconciliation_failed` for a run that did not pass). A run finishes once:
     /// `NotFound` when another process finished it first.
     pub async fn finish_reconciliation(
         &self,
@@ -163,8 +164,13 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         let migration = super::migrations::migration_in(&mut tx, run.migration_id).await?;
+        let kind = if passed {
+            super::events::EventKind::Reconciled
+        } else {
+            super::events::EventKind::ReconciliationFailed
+        };
         let event = super::events::NewEvent::new(
-            super::events::EventKind::Reconciled,
+            kind,
             serde_json::json!({ "run": run_id, "passed": passed, "findings": findings.len() }),
         );
         super::events::insert(&mut tx, &migration, actor, &event).await?;

@@ -137,6 +137,8 @@ pub struct RouterRow {
     pub live: bool,
     /// Seconds since the last heartbeat, by the database's clock.
     pub lease_age_secs: f64,
+    /// Seconds until the lease runs out (negative: since it ran out), by the database's clock.
+    pub lease_left_secs: f64,
     /// What the router reported with its last heartbeat (latencies, error counts).
     pub stats: serde_json::Value,
 }
@@ -258,7 +260,8 @@ impl Store {
         let row: Option<RouterRow> = sqlx::query_as(
             "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
                     lease_expires_at, lease_expires_at > now() AS live,
-                    extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs, stats
+                    extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs,
+                    extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_secs, stats
              FROM routers WHERE id = $1 FOR UPDATE",
         )
         .bind(id)
@@ -344,7 +347,8 @@ impl Store {
         Ok(sqlx::query_as(
             "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
                     lease_expires_at, lease_expires_at > now() AS live,
-                    extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs, stats
+                    extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs,
+                    extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_secs, stats
              FROM routers WHERE $1::text IS NULL OR collection = $1
              ORDER BY collection, name, host, pid",
         )
@@ -362,7 +366,8 @@ pub(super) async fn live_routers_in(
     Ok(sqlx::query_as(
         "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
                 lease_expires_at, lease_expires_at > now() AS live,
-                extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs, stats
+                extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs,
+                    extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_secs, stats
          FROM routers WHERE collection = $1 AND lease_expires_at > now()",
     )
     .bind(collection)
