@@ -138,7 +138,9 @@ struct ChildUsage {
     success: bool,
 }
 
-/// Runs `command` to its end and reads its CPU time and peak resident set from `wait4`.
+/// Runs `command` to its end and reads its CPU time and peak resident set from `wait4` (which
+/// reaps the child: `Child::wait` is not called).
+#[allow(clippy::zombie_processes)]
 fn run_measured(mut command: std::process::Command) -> ChildUsage {
     let started = Instant::now();
     let child = command.spawn().expect("the reshard binary starts");

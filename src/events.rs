@@ -75,11 +75,17 @@ pub enum EventKind {
     /// A playbook's step failed and the run stopped, for a reason no other failure event
     /// records (dead letters left, workers that stopped, a refused move, ...).
     StepFailed,
+    /// A worker took a partition over from a holder whose lease ran out (the partition, its
+    /// location and range, who held it, the checkpoint it resumes from in the details).
+    PartitionTakenOver,
+    /// A batch's checkpoint recorded documents that could not be written (how many, the
+    /// partition, the first ids and the reason in the details; `deadletter list` has all).
+    DeadLettered,
 }
 
 impl EventKind {
     /// Every kind, in the order of their definition.
-    pub const ALL: [EventKind; 33] = [
+    pub const ALL: [EventKind; 35] = [
         EventKind::Create,
         EventKind::Advance,
         EventKind::Pause,
@@ -113,6 +119,8 @@ impl EventKind {
         EventKind::ReconciliationFailed,
         EventKind::SoakFailed,
         EventKind::StepFailed,
+        EventKind::PartitionTakenOver,
+        EventKind::DeadLettered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -150,6 +158,8 @@ impl EventKind {
             EventKind::ReconciliationFailed => "reconciliation_failed",
             EventKind::SoakFailed => "soak_failed",
             EventKind::StepFailed => "step_failed",
+            EventKind::PartitionTakenOver => "partition_taken_over",
+            EventKind::DeadLettered => "dead_lettered",
         }
     }
 
@@ -191,7 +201,9 @@ impl EventKind {
             | EventKind::BypassResolved
             | EventKind::ApprovalRequested
             | EventKind::HookFailed
-            | EventKind::BarrierWaited => false,
+            | EventKind::BarrierWaited
+            | EventKind::PartitionTakenOver
+            | EventKind::DeadLettered => false,
         }
     }
 }

@@ -1132,6 +1132,22 @@ async fn refused_copies_become_dead_letters_that_hold_the_gate() {
     for e in skips {
         assert_eq!(e.reason.as_deref(), Some(reason), "{e:?}");
     }
+    // Each checkpoint that recorded dead letters is an event naming them.
+    let recorded: u64 = events
+        .iter()
+        .filter(|e| e.kind == EventKind::DeadLettered)
+        .map(|e| {
+            assert!(
+                e.details["first_ids"]
+                    .as_array()
+                    .is_some_and(|a| !a.is_empty()),
+                "{e:?}"
+            );
+            assert!(e.reason.is_some(), "{e:?}");
+            e.details["documents"].as_u64().unwrap()
+        })
+        .sum();
+    assert_eq!(recorded, 3, "{events:?}");
 }
 
 /// One target shard answers every insert slowly (its own server, `blockConnection`): the
@@ -1297,11 +1313,13 @@ async fn a_worker_logs_claims_takeovers_finishes_and_progress_at_the_default_lev
         "{text}"
     );
     let claimed = lines("partition claimed");
-    let taken_over = lines("partition taken over");
+    // A take-over is an event: its log line is the event's.
+    let taken_over = lines("kind=\"partition_taken_over\"");
     assert_eq!(claimed + taken_over, partitions.len(), "{text}");
     assert!(
-        text.lines()
-            .any(|l| l.contains("partition taken over") && l.contains("from=ghost")),
+        text.lines().any(
+            |l| l.contains("kind=\"partition_taken_over\"") && l.contains("\"from\":\"ghost\"")
+        ),
         "{text}"
     );
     assert!(

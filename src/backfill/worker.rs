@@ -40,6 +40,7 @@ use crate::protocol::{
 };
 use crate::routing::{Location, RoutingVersion};
 use crate::settings::MigrationSettings;
+use crate::shards::read::Merge;
 use crate::shards::Shards;
 use crate::store::events::{EventKind, NewEvent};
 use crate::store::migrations::Migration;
@@ -823,33 +824,34 @@ impl Worker {
     /// Cleanup's batch: deletes of the moved documents whose target holds a copy or a
     /// tombstone. `Err(reason)` names a moved document the target does not hold: deleting it
     /// would lose it, so cleanup stops there and nothing of the batch is deleted.
+    ///
+    /// The lookup step ([`protocol::cleanup_lookup_step`]) is a step of a merge with each
+    /// target location's own scan of the partition's range (`targets`), in `_id` order: each
+    /// document of either side is read once, rather than an `$in` per batch and target. A
+    /// scan only reports what it read, so it can stop cleanup wrongly (a copy that landed
+    /// behind it) but never let it delete what the target lacks.
     async fn prepare_cleanup(
         &self,
         shared: &Shared,
         location: &Location,
         docs: Vec<Document>,
+        targets: &mut BTreeMap<Location, Merge>,
     ) -> Result<Result<PreparedBatch, String>, WorkerError> {
         let (checkpoint, moved) =
             cleanup_candidates(&shared.from, &shared.to, location, &shared.skipped, &docs);
-        // The lookup step ([`protocol::cleanup_lookup_step`]), batched: one `$in` per target.
-        let mut by_target: BTreeMap<Location, Vec<Bson>> = BTreeMap::new();
-        for (id, d) in &moved {
-            if let Disposition::Moves { target, .. } = d {
-                by_target
-                    .entry(target.clone())
-                    .or_default()
-                    .push(id.clone());
-            }
-        }
         let mut found: HashMap<Vec<u8>, Document> = HashMap::new();
-        for (target, wanted) in by_target {
-            let projection = doc! { "_id": 1, format!("{}.deleted", envelope::META): 1 };
-            match self
-                .shards
-                .find_by_ids(&target, &wanted, Some(projection))
-                .await
-            {
-                Ok(docs) => found.extend(docs),
+        for (id, d) in &moved {
+            let Disposition::Moves { target, .. } = d else {
+                continue;
+            };
+            let Some(merge) = targets.get_mut(target) else {
+                continue;
+            };
+            match merge.seek(Some(id), |_| {}).await {
+                Ok(Some(doc)) => {
+                    found.insert(ids::key(id), doc.clone());
+                }
+                Ok(None) => {}
                 Err(e) => {
                     return Err(WorkerError::Invalid {
                         migration: shared.migration,
@@ -953,15 +955,31 @@ impl Worker {
                 return Ok(());
             };
             match &p.taken_over_from {
-                Some(holder) => tracing::info!(
-                    migration = shared.migration,
-                    task = %shared.task,
-                    partition = p.id,
-                    location = %p.location(),
-                    range = %range_text(&p),
-                    from = %holder,
-                    "partition taken over: its holder's lease ran out"
-                ),
+                // An event: its row, its log line and its metric.
+                Some(holder) => {
+                    let resumes = p.last_id.as_deref().map(|b| {
+                        ids::decode(b).map_or_else(|e| format!("<{e}>"), |id| ids::text(&id))
+                    });
+                    self.store
+                        .record_event(
+                            shared.migration,
+                            &self.config.actor,
+                            &NewEvent::new(
+                                EventKind::PartitionTakenOver,
+                                json!({
+                                    "worker": self.config.name,
+                                    "task": shared.task.as_str(),
+                                    "partition": p.id,
+                                    "location": p.location().to_string(),
+                                    "range": range_text(&p),
+                                    "from": holder,
+                                    "resumes_after": resumes,
+                                }),
+                            )
+                            .reason(Some("its holder's lease ran out")),
+                        )
+                        .await?;
+                }
                 None => tracing::info!(
                     migration = shared.migration,
                     task = %shared.task,
@@ -1080,6 +1098,29 @@ impl Worker {
             let shared = shared.clone();
             Arc::new(move || shared.batch_size())
         };
+        // Cleanup looks its documents up in the target locations' own scans of the range.
+        let mut cleanup_targets = BTreeMap::new();
+        if shared.task == Task::Cleanup {
+            let projection = doc! { "_id": 1, format!("{}.deleted", envelope::META): 1 };
+            for target in shared.to.locations() {
+                if target == location {
+                    continue;
+                }
+                let scan = self
+                    .shards
+                    .scan_with(
+                        &target,
+                        filter.clone(),
+                        Some(projection.clone()),
+                        batch_size.clone(),
+                    )
+                    .await;
+                match scan {
+                    Ok(scan) => cleanup_targets.insert(target, Merge::new(scan)),
+                    Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
+                };
+            }
+        }
         let mut scan = match self.shards.scan(&location, filter, batch_size).await {
             Ok(scan) => scan,
             Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
@@ -1105,6 +1146,7 @@ impl Worker {
                     let batches = std::mem::take(&mut unrecorded);
                     let (store, partition, ttl) =
                         (self.store.clone(), p.clone(), self.config.lease_ttl);
+                    let actor = self.config.actor.clone();
                     recording = Some(tokio::spawn(async move {
                         let started = Instant::now();
                         let mut checkpoint = Checkpoint::default();
@@ -1112,7 +1154,7 @@ impl Worker {
                             checkpoint.absorb(b.checkpoint.clone());
                         }
                         let kept = store
-                            .checkpoint_partition(&partition, token, ttl, &checkpoint)
+                            .checkpoint_partition(&partition, token, ttl, &checkpoint, &actor)
                             .await?;
                         Ok(Recorded {
                             kept,
@@ -1202,7 +1244,10 @@ impl Worker {
                             docs,
                         ),
                         Task::Verify => unreachable!("workers do not serve verify partitions"),
-                        Task::Cleanup => match self.prepare_cleanup(shared, &location, docs).await {
+                        Task::Cleanup => match self
+                    .prepare_cleanup(shared, &location, docs, &mut cleanup_targets)
+                    .await
+                {
                             Ok(Ok(prepared)) => prepared,
                             Ok(Err(reason)) => {
                                 missing = Some(reason);
@@ -1327,7 +1372,7 @@ impl Worker {
         crate::telemetry::overloads(
             shared.migration,
             shared.task.as_str(),
-            report.overload_events as u64,
+            report.overload_events,
         );
         if report.counts.expired > 0 {
             // Past the lease's deadline: nothing of this batch may be recorded, and the

@@ -593,6 +593,7 @@ impl Store {
         token: Uuid,
         ttl: std::time::Duration,
         batch: &Checkpoint,
+        actor: &str,
     ) -> StoreResult<bool> {
         let mut tx = self.pool().begin().await?;
         let r = sqlx::query(
@@ -639,6 +640,30 @@ impl Store {
             .bind(d.attempts)
             .execute(&mut *tx)
             .await?;
+        }
+        if let Some(first) = batch.dead_letters.first() {
+            // In the same transaction as the dead letters: the event says what the rows hold.
+            let migration = migration_in(&mut tx, partition.migration_id).await?;
+            let event = NewEvent::new(
+                EventKind::DeadLettered,
+                json!({
+                    "partition": partition.id,
+                    "task": partition.task.as_str(),
+                    "location": partition.location().to_string(),
+                    "documents": batch.dead_letters.len(),
+                    "first_ids": batch
+                        .dead_letters
+                        .iter()
+                        .take(5)
+                        .map(|d| d.doc_id_text.clone())
+                        .collect::<Vec<_>>(),
+                    "target": first.target,
+                    "code": first.code,
+                    "code_name": first.code_name,
+                }),
+            )
+            .reason(Some(&first.message));
+            events::insert(&mut tx, &migration, actor, &event).await?;
         }
         tx.commit().await?;
         Ok(true)
