@@ -30,7 +30,7 @@ use uuid::Uuid;
 use super::plan;
 use crate::copy::steps;
 use crate::copy::{
-    BulkWriter, FailureClass, RetryPolicy, Statement, StatementResult, WriterOptions,
+    BulkWriter, Deadline, FailureClass, RetryPolicy, Statement, StatementResult, WriterOptions,
 };
 use crate::disposition::{self, Disposition};
 use crate::envelope;
@@ -1261,18 +1261,25 @@ impl Worker {
                             }
                         },
                     };
-                    let deadline = lease
-                        .lock()
-                        .unwrap()
-                        .checked_sub(self.fence_margin())
-                        .map(tokio::time::Instant::from_std)
-                        .unwrap_or_else(tokio::time::Instant::now);
+                    // The lease's deadline, read again before each command: a batch waiting
+                    // for a slow shard's permit gets the lease as renewed meanwhile.
+                    let deadline = {
+                        let (lease, margin) = (lease.clone(), self.fence_margin());
+                        Deadline::read(move || {
+                            lease
+                                .lock()
+                                .unwrap()
+                                .checked_sub(margin)
+                                .map(tokio::time::Instant::from_std)
+                                .unwrap_or_else(tokio::time::Instant::now)
+                        })
+                    };
                     let n = window.send();
                     let writer = shared.writer();
                     let PreparedBatch { statements, kinds, ids, targets, checkpoint } = prepared;
                     let write = tokio::spawn(async move {
                         let sent = Instant::now();
-                        let report = writer.write_until(statements, Some(deadline)).await;
+                        let report = writer.write_by(statements, Some(deadline)).await;
                         (report, sent.elapsed())
                     });
                     writes.push(async move {

@@ -19,6 +19,7 @@ pub mod writer;
 
 pub use classify::{classify, FailureClass, FailureOrigin, WriteFailure};
 pub use writer::{
-    BatchCounts, BatchReport, BulkWriter, Modification, OverloadSink, RetryPolicy, ShardReport,
+    BatchCounts, BatchReport, BulkWriter, Deadline, Modification, OverloadSink, RetryPolicy,
+    ShardReport,
     Statement, StatementResult, WriteOp, WriterError, WriterOptions,
 };

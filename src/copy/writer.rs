@@ -539,6 +539,17 @@ impl BulkWriter {
         statements: Vec<Statement>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<BatchReport, WriterError> {
+        self.write_by(statements, deadline.map(Deadline::at)).await
+    }
+
+    /// [`BulkWriter::write_until`] with a deadline read again before each command is sent
+    /// (and each retry's wait), so that a lease renewed while a command waited for its
+    /// shard's permit gives it the later deadline.
+    pub async fn write_by(
+        &self,
+        statements: Vec<Statement>,
+        deadline: Option<Deadline>,
+    ) -> Result<BatchReport, WriterError> {
         let started = Instant::now();
         for (index, statement) in statements.iter().enumerate() {
             if !self.shards.contains_key(&statement.location.shard) {
@@ -568,7 +579,7 @@ impl BulkWriter {
         }
 
         let outcomes = join_all(groups.into_iter().map(|((location, kind), indices)| {
-            self.write_group(location, kind, indices, &statements, started, deadline)
+            self.write_group(location, kind, indices, &statements, started, deadline.clone())
         }))
         .await;
 
@@ -613,7 +624,7 @@ impl BulkWriter {
         indices: Vec<usize>,
         statements: &[Statement],
         started: Instant,
-        deadline: Option<tokio::time::Instant>,
+        deadline: Option<Deadline>,
     ) -> GroupOutcome {
         let shard = &self.shards[&location.shard];
         let policy = self.options.retry;
@@ -641,7 +652,10 @@ impl BulkWriter {
         let mut pending: Vec<usize> = (0..encoded.len()).collect();
         let mut attempt: u32 = 1;
         while !pending.is_empty() {
-            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            if deadline
+                .as_ref()
+                .is_some_and(|d| tokio::time::Instant::now() >= d.now())
+            {
                 for position in pending {
                     outcome
                         .results
@@ -683,7 +697,7 @@ impl BulkWriter {
                     chunk.iter().map(|&p| &encoded[p].1),
                     &self.options.write_concern,
                 );
-                send(shard, command, deadline)
+                send(shard, command, deadline.as_ref())
             }))
             .await;
 
@@ -767,9 +781,10 @@ impl BulkWriter {
                 policy.max_delay,
                 &mut rand::thread_rng(),
             );
-            match deadline {
+            match &deadline {
                 Some(d) => {
-                    tokio::time::sleep_until(d.min(tokio::time::Instant::now() + delay)).await
+                    tokio::time::sleep_until(d.now().min(tokio::time::Instant::now() + delay))
+                        .await
                 }
                 None => tokio::time::sleep(delay).await,
             }
@@ -778,6 +793,28 @@ impl BulkWriter {
         }
         outcome.report.finished_after = started.elapsed();
         outcome
+    }
+}
+
+/// When a batch's commands must end: a fixed instant, or one read again before each command
+/// (a lease's deadline, which moves later as the lease is renewed).
+#[derive(Clone)]
+pub struct Deadline(Arc<dyn Fn() -> tokio::time::Instant + Send + Sync>);
+
+impl Deadline {
+    /// A fixed deadline.
+    pub fn at(instant: tokio::time::Instant) -> Deadline {
+        Deadline(Arc::new(move || instant))
+    }
+
+    /// A deadline `read` gives anew each time it is asked.
+    pub fn read(read: impl Fn() -> tokio::time::Instant + Send + Sync + 'static) -> Deadline {
+        Deadline(Arc::new(read))
+    }
+
+    /// The deadline now.
+    pub fn now(&self) -> tokio::time::Instant {
+        (self.0)()
     }
 }
 
@@ -794,7 +831,7 @@ enum Sent {
 async fn send(
     shard: &Shard,
     mut command: RawDocumentBuf,
-    deadline: Option<tokio::time::Instant>,
+    deadline: Option<&Deadline>,
 ) -> (Result<Document, Sent>, Duration) {
     let _permit = shard
         .in_flight
@@ -802,7 +839,8 @@ async fn send(
         .await
         .expect("the in-flight semaphore is never closed");
     let sent = Instant::now();
-    let Some(deadline) = deadline else {
+    // Read once the permit is held: the command ends by the deadline known when it is sent.
+    let Some(deadline) = deadline.map(Deadline::now) else {
         let reply = shard.database.run_raw_command(command).await;
         return (reply.map_err(Sent::Failed), sent.elapsed());
     };
