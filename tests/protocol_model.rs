@@ -68,10 +68,11 @@
 //!   moment, and a new worker takes the partition over (executing it again from the last
 //!   checkpoint) only once every orphan settled, which the product guarantees by giving every
 //!   bulk command a deadline that ends before the partition lease and by taking a partition
-//!   over only a margin after its lease expired. Opt-in (`Setup::replans`, an ignored test):
-//!   another worker process's re-plan of an outdated revert copy, which makes the partition
-//!   pending at once while its holder's statements still land (`Act::Replan`): it brings a
-//!   deleted document back, a product defect;
+//!   over only a margin after its lease expired. With `Setup::replans`:
+//!   another worker process's re-plan of an outdated revert copy (`Act::Replan`), which voids
+//!   the holder's lease: its statements in flight become orphans, and the partition is taken
+//!   over only once they settled (the reset keeps the lease until it and its margin ran out;
+//!   the product's rule until session 12 made it pending at once, `ReplanWithoutWaiting`);
 //! - the copier inserts copies if absent and dead-letters what cannot be routed; cleanup reads
 //!   the source, looks every moved id up in the target, fails the whole batch if one is
 //!   missing and otherwise deletes in any order, keeping what cannot be routed; the revert
@@ -816,6 +817,10 @@ enum Broken {
     /// A killed worker's batch is taken over without waiting for its orphans: an orphaned
     /// statement may land after the new worker finished and the migration moved on.
     OrphanAfterTakeover,
+    /// A re-plan of an outdated revert copy makes the leased partition pending at once (the
+    /// product's rule until session 12): a new pass runs while the old holder's mirrors are
+    /// still in flight, and a late one brings back a document deleted after the seal.
+    ReplanWithoutWaiting,
     /// A read in `revert_switch` looks at the source alone (as before the lapse fix): the
     /// executor answers its `MirrorToSource` as if nothing changed, without writing. A target
     /// write whose router was cut off before mirroring it is then seen by readers of
@@ -1594,8 +1599,9 @@ impl<'a> Model<'a> {
             Act::Replan => {
                 say!(
                     log,
-                    "another worker: the revert copy is outdated, plans it again; the partition \
-                     is pending at once, what its holder has in flight still lands"
+                    "another worker: the revert copy is outdated, plans it again; its holder's \
+                     lease is void, what it has in flight still lands, and the partition is taken \
+                     over only once that settled"
                 );
                 s.revert_outdated = false;
                 let b = *s.worker(W::Reverter);
@@ -1608,9 +1614,14 @@ impl<'a> Model<'a> {
                         }
                     }
                 }
+                let orphaned = orphans.iter().any(Option::is_some);
+                let waits = orphaned && !self.broken(Broken::ReplanWithoutWaiting);
                 let b = s.worker(W::Reverter);
                 b.orphans = orphans;
-                b.end(Stage::Waiting);
+                // The reset keeps a leased partition's lease (with a token nobody holds): the
+                // claim takes it over a margin after it ran out, when its commands have ended,
+                // as after a kill.
+                b.end(if waits { Stage::Killed } else { Stage::Waiting });
                 b.checkpoint = 0;
             }
             Act::Land { w, id, how } => self.land(s, w, id as usize, how, log)?,
@@ -3371,19 +3382,33 @@ fn a_worker_killed_with_two_batches_in_flight_loses_nothing() {
 }
 
 /// Another worker process re-plans an outdated revert copy while the revert copier's pass is
-/// under way (`Store::replan_revert_if_outdated`, run by every worker's `planned()`): the reset
-/// makes the leased partition pending at once, so a new pass runs and the rollback completes
-/// while the old holder's mirrors are still in flight, without the wait a takeover has. A late
-/// mirror then brings back a document deleted after the seal (the shortest trace: 35 steps).
-/// A product defect, found by the model; run with `--ignored`.
+/// under way (`Store::replan_revert_if_outdated`, run by every worker's `planned()`): the
+/// reset voids the holder's lease but keeps the partition leased until its lease and margin
+/// ran out, so the new pass starts only once the old holder's mirrors settled.
 #[test]
-#[ignore = "product defect: a revert re-plan takes partitions over without waiting for writes"]
 fn a_revert_replan_during_a_pass_loses_nothing() {
     assert_protocol_holds(Setup {
         expiries: 1,
         replans: true,
         ..Setup::new(updates_and_deletes_short())
     });
+}
+
+/// The product's rule before session 12, found by the model: the reset made a leased revert
+/// partition pending at once, a new pass ran and the rollback completed while the old
+/// holder's mirrors were still in flight, and a late mirror brought back a document deleted
+/// after the seal (the shortest trace: 35 steps).
+#[test]
+fn a_revert_replan_that_does_not_wait_for_the_holder_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::ReplanWithoutWaiting),
+            expiries: 1,
+            replans: true,
+            ..Setup::new(updates_and_deletes_short())
+        },
+        "",
+    );
 }
 
 /// The checkpoint passes a batch that failed once the batches before it settled, recording

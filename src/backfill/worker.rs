@@ -1135,9 +1135,13 @@ impl Worker {
         // is in flight settles, what may be recorded is, and then this is the answer.
         let mut end: Option<PartitionEnd> = None;
         let mut failure: Option<WorkerError> = None;
+        let mut record_failed = false;
         let mut missing: Option<String> = None;
         loop {
             unrecorded.extend(window.recordable());
+            if record_failed {
+                unrecorded.clear();
+            }
             if recording.is_none() && !unrecorded.is_empty() && end_allows_recording(&end) {
                 if lost.load(Ordering::SeqCst) {
                     end = Some(PartitionEnd::LeaseLost);
@@ -1316,15 +1320,23 @@ impl Worker {
                 }
                 done = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
                     recording = None;
+                    // A checkpoint that failed ends the recording: a later one would move
+                    // the checkpoint past the batches it held, whose ledger and dead letters
+                    // would then never be written (found reading the code with the model's
+                    // batches in mind). The partition is executed again from the last one.
                     let recorded = match done {
                         Ok(Ok(recorded)) => recorded,
                         Ok(Err(e)) => {
                             failure = Some(e.into());
+                            record_failed = true;
+                            unrecorded.clear();
                             end.get_or_insert(PartitionEnd::Released);
                             continue;
                         }
                         Err(panicked) => {
                             failure = Some(invalid(format!("a checkpoint task failed: {panicked}")));
+                            record_failed = true;
+                            unrecorded.clear();
                             end.get_or_insert(PartitionEnd::Released);
                             continue;
                         }

@@ -20,6 +20,5 @@ pub mod writer;
 pub use classify::{classify, FailureClass, FailureOrigin, WriteFailure};
 pub use writer::{
     BatchCounts, BatchReport, BulkWriter, Deadline, Modification, OverloadSink, RetryPolicy,
-    ShardReport,
-    Statement, StatementResult, WriteOp, WriterError, WriterOptions,
+    ShardReport, Statement, StatementResult, WriteOp, WriterError, WriterOptions,
 };

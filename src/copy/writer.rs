@@ -579,7 +579,14 @@ impl BulkWriter {
         }
 
         let outcomes = join_all(groups.into_iter().map(|((location, kind), indices)| {
-            self.write_group(location, kind, indices, &statements, started, deadline.clone())
+            self.write_group(
+                location,
+                kind,
+                indices,
+                &statements,
+                started,
+                deadline.clone(),
+            )
         }))
         .await;
 
@@ -783,8 +790,7 @@ impl BulkWriter {
             );
             match &deadline {
                 Some(d) => {
-                    tokio::time::sleep_until(d.now().min(tokio::time::Instant::now() + delay))
-                        .await
+                    tokio::time::sleep_until(d.now().min(tokio::time::Instant::now() + delay)).await
                 }
                 None => tokio::time::sleep(delay).await,
             }

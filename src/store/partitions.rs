@@ -447,9 +447,18 @@ impl Store {
         let Some(lapse) = super::gates::revert_outdated(&mut tx, &migration).await? else {
             return Ok(None);
         };
+        // A leased partition stays leased, under a token nobody holds: its holder's next
+        // checkpoint or renewal finds the lease gone, and the claim takes the partition over
+        // only once the lease and its margin ran out, when every mirror the holder sent has
+        // ended (found by the protocol model: made pending at once, a late mirror of the old
+        // pass could land after the new one and the seal, and bring back a deleted document).
         let reset = sqlx::query(
-            "UPDATE partitions SET state = 'pending', lease_token = NULL, lease_owner = NULL,
-                 lease_expires_at = NULL, last_id = NULL, scanned = 0, inserted = 0,
+            "UPDATE partitions SET
+                 state = CASE WHEN state = 'leased' THEN 'leased' ELSE 'pending' END,
+                 lease_token = CASE WHEN state = 'leased' THEN gen_random_uuid() END,
+                 lease_owner = CASE WHEN state = 'leased' THEN lease_owner END,
+                 lease_expires_at = CASE WHEN state = 'leased' THEN lease_expires_at END,
+                 last_id = NULL, scanned = 0, inserted = 0,
                  already_present = 0, stamped = 0, dead_lettered = 0, deleted = 0, kept = 0,
                  skipped_foreign = 0, outcomes = '{}'::jsonb, started_at = NULL,
                  finished_at = NULL
