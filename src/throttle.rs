@@ -204,6 +204,77 @@ impl AdaptiveRate {
     }
 }
 
+/// The batch size the application's latency allows. A batch holds a server for as long as it
+/// takes to write, and a read that arrives meanwhile waits for it: the rate decides how often
+/// that happens, the batch size how long each wait is. So while routers report the
+/// application over its latency budget the batch is halved (down to [`AdaptiveBatch::FLOOR`])
+/// along with the rate, and each healthy interval doubles it back, up to the configured size.
+/// With a budget the backfill starts at the floor and grows (a slow start), so its first
+/// batches do not hit the application before a router could report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdaptiveBatch {
+    configured: usize,
+    applied: usize,
+    /// The last change (or the start), from which a healthy interval counts.
+    since: Instant,
+    interval: Duration,
+}
+
+impl AdaptiveBatch {
+    /// The smallest batch the application's latency cuts to.
+    pub const FLOOR: usize = 16;
+
+    /// At the configured size, or (`slow_start`) at the floor.
+    pub fn new(configured: usize, slow_start: bool, interval: Duration, now: Instant) -> Self {
+        let configured = configured.max(1);
+        AdaptiveBatch {
+            configured,
+            applied: if slow_start {
+                Self::FLOOR.min(configured)
+            } else {
+                configured
+            },
+            since: now,
+            interval,
+        }
+    }
+
+    /// The batch size to read now.
+    pub fn applied(&self) -> usize {
+        self.applied
+    }
+
+    /// The application is over its budget: halve. Returns whether the size changed.
+    pub fn on_app_over_budget(&mut self, now: Instant) -> bool {
+        self.since = now;
+        let halved = (self.applied / 2).max(Self::FLOOR.min(self.configured));
+        let changed = halved != self.applied;
+        self.applied = halved;
+        changed
+    }
+
+    /// Doubles the size once per healthy interval since the last change, up to the
+    /// configured size. Returns the size.
+    pub fn tick(&mut self, now: Instant) -> usize {
+        while self.applied < self.configured
+            && now.saturating_duration_since(self.since) >= self.interval
+        {
+            self.applied = (self.applied * 2).min(self.configured);
+            self.since += self.interval;
+        }
+        if self.applied >= self.configured {
+            self.since = now;
+        }
+        self.applied
+    }
+
+    /// The configured size changed (`throttle set --batch-size`).
+    pub fn set_configured(&mut self, configured: usize) {
+        self.configured = configured.max(1);
+        self.applied = self.applied.min(self.configured);
+    }
+}
+
 /// What one router reported for its last heartbeat interval (all operations together).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RouterReport {
@@ -299,6 +370,39 @@ fn normalised(mut settings: ThrottleSettings) -> ThrottleSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_batch_halves_while_the_application_is_over_budget_and_doubles_back_when_healthy() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut b = AdaptiveBatch::new(1_000, true, 2 * s, t0);
+        assert_eq!(b.applied(), AdaptiveBatch::FLOOR);
+        // Slow start: doubles every healthy interval up to the configured size.
+        assert_eq!(b.tick(t0 + s), 16);
+        assert_eq!(b.tick(t0 + 2 * s), 32);
+        assert_eq!(b.tick(t0 + 7 * s), 128);
+        assert_eq!(b.tick(t0 + 20 * s), 1_000);
+        // Over budget: halved each time, not below the floor.
+        assert!(b.on_app_over_budget(t0 + 21 * s));
+        assert_eq!(b.applied(), 500);
+        for k in 0..10 {
+            b.on_app_over_budget(t0 + (22 + k) * s);
+        }
+        assert_eq!(b.applied(), AdaptiveBatch::FLOOR);
+        assert!(!b.on_app_over_budget(t0 + 33 * s));
+        // A healthy interval after the last cut doubles it again.
+        assert_eq!(b.tick(t0 + 34 * s), 16);
+        assert_eq!(b.tick(t0 + 35 * s), 32);
+        // The operator lowers the size: applied follows at once.
+        b.set_configured(20);
+        assert_eq!(b.applied(), 20);
+        // Without a budget it starts at the configured size; a tiny configured size is its
+        // own floor.
+        assert_eq!(AdaptiveBatch::new(1_000, false, 2 * s, t0).applied(), 1_000);
+        let mut tiny = AdaptiveBatch::new(5, true, 2 * s, t0);
+        assert_eq!(tiny.applied(), 5);
+        assert!(!tiny.on_app_over_budget(t0));
+    }
 
     fn report(p99_ms: f64, count: u64, errors: u64) -> RouterReport {
         RouterReport {

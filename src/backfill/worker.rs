@@ -47,7 +47,7 @@ use crate::store::migrations::Migration;
 use crate::store::partitions::{Checkpoint, Claim, NewDeadLetter, Partition, Task};
 use crate::store::workers::WorkerFigures;
 use crate::store::{Store, StoreError};
-use crate::throttle::{AdaptiveRate, AppHealth};
+use crate::throttle::{AdaptiveBatch, AdaptiveRate, AppHealth};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -161,6 +161,7 @@ struct Shared {
     from: RoutingVersion,
     to: RoutingVersion,
     rate: Arc<Mutex<AdaptiveRate>>,
+    batch: Mutex<AdaptiveBatch>,
     settings: Mutex<MigrationSettings>,
     writer: Mutex<BulkWriter>,
     counters: Arc<Counters>,
@@ -169,8 +170,10 @@ struct Shared {
 }
 
 impl Shared {
+    /// The batch size to read now: the configured one, or less while the application's
+    /// latency asks for it ([`AdaptiveBatch`]).
     fn batch_size(&self) -> usize {
-        self.settings.lock().unwrap().batch_size
+        self.batch.lock().unwrap().applied()
     }
     fn writer(&self) -> BulkWriter {
         self.writer.lock().unwrap().clone()
@@ -524,6 +527,20 @@ impl Worker {
             .clone();
         let before = counters.summary();
         let writer = self.writer_for(&settings, &rate, &counters);
+        // With a latency budget, batches start small and grow while the application keeps
+        // within it.
+        let budgeted = crate::throttle::latency_budget_ms(
+            settings.latency_budget_ms,
+            settings.latency_budget_factor,
+            m.app_p99_baseline_ms,
+        )
+        .is_some();
+        let batch = AdaptiveBatch::new(
+            settings.batch_size,
+            budgeted,
+            BATCH_GROWS_EVERY,
+            Instant::now(),
+        );
         let shared = Arc::new(Shared {
             migration: m.id,
             task,
@@ -532,6 +549,7 @@ impl Worker {
             from,
             to,
             rate,
+            batch: Mutex::new(batch),
             settings: Mutex::new(settings),
             writer: Mutex::new(writer),
             counters,
@@ -610,6 +628,7 @@ impl Worker {
             let (applied, max) = {
                 let mut rate = shared.rate.lock().unwrap();
                 rate.tick(now);
+                shared.batch.lock().unwrap().tick(now);
                 (rate.applied(), rate.settings().max_docs_per_sec)
             };
             let figures = WorkerFigures {
@@ -645,6 +664,13 @@ impl Worker {
                     } else {
                         rate.set_max(share.max_docs_per_sec, now);
                     }
+                }
+                if settings.batch_size != before.batch_size {
+                    shared
+                        .batch
+                        .lock()
+                        .unwrap()
+                        .set_configured(settings.batch_size);
                 }
                 if settings.max_in_flight_per_shard != before.max_in_flight_per_shard {
                     let writer = self.writer_for(&settings, &shared.rate, &shared.counters);
@@ -735,7 +761,8 @@ impl Worker {
                         error_rate,
                     } = health
                     {
-                        let cut = shared.rate.lock().unwrap().on_app_over_budget(now);
+                        let smaller = shared.batch.lock().unwrap().on_app_over_budget(now);
+                        let cut = shared.rate.lock().unwrap().on_app_over_budget(now) || smaller;
                         if cut {
                             let applied = shared.rate.lock().unwrap().applied();
                             shared.counters.rate_cuts.fetch_add(1, Ordering::Relaxed);
@@ -754,10 +781,12 @@ impl Worker {
                                 })
                             {
                                 last_app_event = Some(now);
+                                let batch = shared.batch_size();
                                 let reason = format!(
                                     "the application's p99 is {p99_ms:.1} ms (budget \
                                      {budget_ms:.1} ms, errors {:.1} %): rate cut to \
-                                     {applied:.0} docs/s for this worker",
+                                     {applied:.0} docs/s and batches to {batch} documents \
+                                     for this worker",
                                     error_rate * 100.0
                                 );
                                 tracing::warn!(migration = shared.migration, "{reason}");
@@ -775,6 +804,7 @@ impl Worker {
                                                 "app_error_rate": error_rate,
                                                 "applied_docs_per_sec": applied,
                                                 "max_docs_per_sec": max,
+                                                "batch_size": batch,
                                             }),
                                         )
                                         .reason(Some(&reason)),
@@ -1503,6 +1533,10 @@ struct Recorded {
 }
 
 /// Aborts a task when dropped (a partition given up mid-way stops its reader).
+/// How long the application must keep within its latency budget before a worker doubles its
+/// batch size back (about two router reports).
+const BATCH_GROWS_EVERY: Duration = Duration::from_secs(2);
+
 /// How often a worker logs its progress (at info level; batches and documents are never
 /// logged one by one there).
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
