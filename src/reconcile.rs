@@ -38,6 +38,7 @@ pub use crate::shards::read::ReadError;
 use crate::shards::Shards;
 use crate::store::partitions::{Claim, Partition};
 use crate::store::reconcile::{FindingKind, NewFinding, VerifiedBatch};
+use crate::store::StoreError;
 use crate::throttle::AdaptiveRate;
 
 /// How samples are grouped.
@@ -351,34 +352,44 @@ fn placement_judge<'a>(
 }
 
 impl TargetStreams {
-    /// Opens every target location but `source` (a collection both layouts share is read as
-    /// the source already) over `filter` (the source partition's, resumed where it is).
+    /// Opens the scan of the source partition (`filter` at `source`, resumed where it is) and
+    /// beside it every target location but `source` (a collection both layouts share is read
+    /// as the source already) over the same filter, all at once: a server may answer a
+    /// sorted query only once it has read the whole range (the local stand-in does), and
+    /// those waits should overlap rather than add up.
     pub async fn open(
         scene: &Scene,
         source: &Location,
         filter: &Document,
         batch_size: usize,
-    ) -> Result<TargetStreams, ReadError> {
-        let mut streams = BTreeMap::new();
-        for target in scene.to.locations() {
-            if &target == source {
-                continue;
-            }
-            let scan = scene
-                .shards
-                .scan(
-                    &target,
-                    filter.clone(),
-                    std::sync::Arc::new(move || batch_size),
-                )
-                .await?;
-            streams.insert(target, crate::shards::read::Merge::new(scan));
-        }
-        Ok(TargetStreams {
-            streams,
-            source: source.clone(),
-            placement: Vec::new(),
-        })
+    ) -> Result<(crate::shards::read::Scan, TargetStreams), ReadError> {
+        let size = std::sync::Arc::new(move || batch_size);
+        let targets: Vec<Location> = scene
+            .to
+            .locations()
+            .into_iter()
+            .filter(|t| t != source)
+            .collect();
+        let opened = futures::future::try_join_all(
+            std::iter::once(source)
+                .chain(&targets)
+                .map(|at| scene.shards.scan(at, filter.clone(), size.clone())),
+        )
+        .await?;
+        let mut opened = opened.into_iter();
+        let scan = opened.next().expect("the source's scan");
+        let streams = targets
+            .into_iter()
+            .zip(opened.map(crate::shards::read::Merge::new))
+            .collect();
+        Ok((
+            scan,
+            TargetStreams {
+                streams,
+                source: source.clone(),
+                placement: Vec::new(),
+            },
+        ))
     }
 
     /// Reads every stream to its end (after the source's last document), judging the
@@ -712,11 +723,8 @@ pub async fn run(
                 ..Stratum::default()
             });
             let batch_size = settings.batch_size;
-            let mut targets = TargetStreams::open(scene, &location, &filter, batch_size).await?;
-            let mut scan = scene
-                .shards
-                .scan(&location, filter, std::sync::Arc::new(move || batch_size))
-                .await?;
+            let (mut scan, mut targets) =
+                TargetStreams::open(scene, &location, &filter, batch_size).await?;
             loop {
                 let batch = scan.next_batch().await?;
                 if batch.is_empty() {
@@ -1204,12 +1212,15 @@ async fn verify_partition(
     let mut outcomes: BTreeMap<String, u64> =
         serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
     let batch_size = settings.batch_size;
-    let mut targets = TargetStreams::open(scene, &location, &filter, batch_size).await?;
-    let mut scan = scene
-        .shards
-        .scan(&location, filter, std::sync::Arc::new(move || batch_size))
-        .await?;
+    let (mut scan, mut targets) =
+        TargetStreams::open(scene, &location, &filter, batch_size).await?;
     let name = format!("full:{location}");
+    // Checkpoints are written off the checks' path, one statement at a time: what was checked
+    // while one was in flight goes into the next. Verification only reads, so work checked
+    // after a checkpoint that finds the lease gone is simply dropped (the new holder goes on
+    // from the last checkpoint), and work lost with the process is checked again.
+    let mut unrecorded = Unrecorded::default();
+    let mut recording: Option<tokio::task::JoinHandle<Result<Recorded, StoreError>>> = None;
     loop {
         let batch = scan.next_batch().await?;
         let done = batch.is_empty();
@@ -1249,34 +1260,79 @@ async fn verify_partition(
         for (k, n) in std::mem::take(&mut result.counts) {
             *outcomes.entry(k).or_default() += n;
         }
-        let stored = store
-            .checkpoint_verify(
-                p,
-                token,
-                ttl,
-                &VerifiedBatch {
-                    last_id: last_id.as_deref(),
-                    checked: stratum.samples as i64,
-                    outcomes: &json!(outcomes),
-                    findings: &result.findings,
-                    done,
-                },
-            )
-            .await?;
-        if !stored {
-            // The lease was taken over: whoever holds it goes on from the last checkpoint.
-            return Ok(());
+        unrecorded.checked += stratum.samples as i64;
+        unrecorded.findings.append(&mut result.findings);
+        if last_id.is_some() {
+            unrecorded.last_id = last_id;
         }
-        crate::telemetry::verified(
-            p.migration_id,
-            &p.source_shard,
-            stratum.samples as u64,
-            result.findings.len() as u64,
-        );
+        if done || recording.as_ref().is_none_or(|r| r.is_finished()) {
+            if let Some(previous) = recording.take() {
+                if !recorded(p, previous.await)? {
+                    // The lease was taken over: whoever holds it goes on from the last
+                    // checkpoint.
+                    return Ok(());
+                }
+            }
+            let batch = std::mem::take(&mut unrecorded);
+            let (store, partition, outcomes) = (store.clone(), p.clone(), json!(outcomes));
+            recording = Some(tokio::spawn(async move {
+                let kept = store
+                    .checkpoint_verify(
+                        &partition,
+                        token,
+                        ttl,
+                        &VerifiedBatch {
+                            last_id: batch.last_id.as_deref(),
+                            checked: batch.checked,
+                            outcomes: &outcomes,
+                            findings: &batch.findings,
+                            done,
+                        },
+                    )
+                    .await?;
+                Ok(Recorded {
+                    kept,
+                    checked: batch.checked as u64,
+                    findings: batch.findings.len() as u64,
+                })
+            }));
+        }
         if done {
+            let last = recording.take().expect("the last checkpoint was sent");
+            recorded(p, last.await)?;
             return Ok(());
         }
     }
+}
+
+/// What a full run's partition checked since its last checkpoint was sent.
+#[derive(Default)]
+struct Unrecorded {
+    last_id: Option<Vec<u8>>,
+    checked: i64,
+    findings: Vec<NewFinding>,
+}
+
+/// A verify checkpoint's answer: whether the lease was still held, and what it recorded.
+struct Recorded {
+    kept: bool,
+    checked: u64,
+    findings: u64,
+}
+
+/// Counts what a checkpoint recorded; `false` when the lease was gone.
+fn recorded(
+    p: &Partition,
+    done: Result<Result<Recorded, StoreError>, tokio::task::JoinError>,
+) -> Result<bool, VerifyError> {
+    let r = match done {
+        Ok(r) => r?,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    };
+    if r.kept {
+        crate::telemetry::verified(p.migration_id, &p.source_shard, r.checked, r.findings);
+    }
+    Ok(r.kept)
 }
 
 #[cfg(test)]

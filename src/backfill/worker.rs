@@ -1129,30 +1129,39 @@ impl Worker {
             Arc::new(move || shared.batch_size())
         };
         // Cleanup looks its documents up in the target locations' own scans of the range.
-        let mut cleanup_targets = BTreeMap::new();
-        if shared.task == Task::Cleanup {
-            let projection = doc! { "_id": 1, format!("{}.deleted", envelope::META): 1 };
-            for target in shared.to.locations() {
-                if target == location {
-                    continue;
-                }
-                let scan = self
-                    .shards
-                    .scan_with(
-                        &target,
-                        filter.clone(),
-                        Some(projection.clone()),
-                        batch_size.clone(),
-                    )
-                    .await;
-                match scan {
-                    Ok(scan) => cleanup_targets.insert(target, Merge::new(scan)),
-                    Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
-                };
-            }
-        }
-        let mut scan = match self.shards.scan(&location, filter, batch_size).await {
-            Ok(scan) => scan,
+        // Every scan is opened at once: a server may answer a sorted query only once it has
+        // read the whole range (the local stand-in does), and those waits should overlap.
+        let targets: Vec<Location> = match shared.task {
+            Task::Cleanup => shared
+                .to
+                .locations()
+                .into_iter()
+                .filter(|t| *t != location)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let projection = doc! { "_id": 1, format!("{}.deleted", envelope::META): 1 };
+        let opened = futures::future::try_join(
+            self.shards
+                .scan(&location, filter.clone(), batch_size.clone()),
+            futures::future::try_join_all(targets.iter().map(|target| {
+                self.shards.scan_with(
+                    target,
+                    filter.clone(),
+                    Some(projection.clone()),
+                    batch_size.clone(),
+                )
+            })),
+        )
+        .await;
+        let (mut scan, mut cleanup_targets): (_, BTreeMap<Location, Merge>) = match opened {
+            Ok((scan, target_scans)) => (
+                scan,
+                targets
+                    .into_iter()
+                    .zip(target_scans.into_iter().map(Merge::new))
+                    .collect(),
+            ),
             Err(e) => return Ok(PartitionEnd::Retry(e.to_string())),
         };
 
