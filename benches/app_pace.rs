@@ -268,6 +268,32 @@ async fn p99_round(documents: usize, readers: usize, budget_factor: f64) -> serd
     let limit = Duration::from_secs(env_or("RESHARD_BENCH_PACE_WINDOW", 40) as u64);
     let copy_from = Instant::now();
     let mut child = worker.spawn().unwrap();
+    // Each second: the applied rate the workers report, and the documents copied so far.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (store, migration, sampling) = (s.store.clone(), s.migration, sampling.clone());
+        tokio::spawn(async move {
+            let mut series = Vec::new();
+            while sampling.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let applied: f64 = store
+                    .workers(migration)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .filter(|r| r.live)
+                    .map(|r| r.applied_docs_per_sec)
+                    .sum();
+                let copied = store
+                    .task_totals(migration, reshard::store::partitions::Task::Backfill)
+                    .await
+                    .map(|t| t.scanned)
+                    .unwrap_or(0);
+                series.push((applied.round(), copied));
+            }
+            series
+        })
+    };
     let finished = loop {
         if let Some(status) = child.try_wait().unwrap() {
             assert!(status.success(), "the worker failed");
@@ -282,6 +308,8 @@ async fn p99_round(documents: usize, readers: usize, budget_factor: f64) -> serd
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let copy_to = Instant::now();
+    sampling.store(false, Ordering::Relaxed);
+    let rate_series = sampler.await.unwrap();
     let copied = s
         .store
         .task_totals(s.migration, reshard::store::partitions::Task::Backfill)
@@ -333,6 +361,7 @@ async fn p99_round(documents: usize, readers: usize, budget_factor: f64) -> serd
         "backfill_after_3s_p99_ms": steady_p99,
         "backfill_after_3s_p99_over_quiet_p99": steady_p99 / quiet_p99,
         "backfill_p99_ms_per_second": per_second,
+        "applied_rate_and_copied_per_second": rate_series,
         "app_p99_baseline_ms": m.app_p99_baseline_ms,
         "app_latency_cut_events": cuts,
     })
@@ -443,10 +472,28 @@ fn main() {
 async fn bench() {
     let documents = env_or("RESHARD_BENCH_DOCS", 200_000);
     let readers = env_or("RESHARD_BENCH_READERS", 8);
-    let budget = p99_round(documents, readers, 1.3).await;
+    // `RESHARD_BENCH_PACE_ROUNDS` picks rounds (`budget,unthrottled,overload`, the default).
+    let rounds = std::env::var("RESHARD_BENCH_PACE_ROUNDS")
+        .unwrap_or_else(|_| "budget,unthrottled,overload".into());
+    let factor: f64 = std::env::var("RESHARD_BENCH_PACE_FACTOR")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.3);
+    let budget = if rounds.contains("budget") {
+        p99_round(documents, readers, factor).await
+    } else {
+        json!(null)
+    };
     eprintln!("{budget}");
-    let unthrottled = p99_round(documents, readers, 0.0).await;
+    let unthrottled = if rounds.contains("unthrottled") {
+        p99_round(documents, readers, 0.0).await
+    } else {
+        json!(null)
+    };
     eprintln!("{unthrottled}");
+    if !rounds.contains("overload") {
+        return;
+    }
     let overload = overload_round().await;
     eprintln!("{overload}");
     println!(
