@@ -1324,7 +1324,7 @@ struct Recorded {
 fn recorded(
     p: &Partition,
     done: Result<Result<Recorded, StoreError>, tokio::task::JoinError>,
-) -> Result<bool, VerifyError> {
+) -> Result<bool, StoreError> {
     let r = match done {
         Ok(r) => r?,
         Err(e) => std::panic::resume_unwind(e.into_panic()),

@@ -67,6 +67,9 @@ pub struct AdaptiveRate {
     /// Tokens (documents) available; negative when callers have reserved ahead.
     tokens: f64,
     refilled_at: Instant,
+    /// Until the first decrease, each healthy interval doubles the rate instead of adding a
+    /// step ([`AdaptiveRate::with_slow_start`]).
+    slow_start: bool,
 }
 
 impl AdaptiveRate {
@@ -83,7 +86,24 @@ impl AdaptiveRate {
             last_overload: None,
             tokens: applied * settings.burst.as_secs_f64(),
             refilled_at: now,
+            slow_start: false,
         }
+    }
+
+    /// A rate that starts at an eighth of the maximum and doubles every healthy interval
+    /// until the first decrease, from when it adds steps like any other (TCP's slow start):
+    /// a backfill held to the application's latency budget starts gently, since its first
+    /// batches reach the application before any router could report them, and still finds
+    /// its pace in a few intervals.
+    pub fn with_slow_start(settings: ThrottleSettings, now: Instant) -> Self {
+        let mut rate = AdaptiveRate::new(settings, now);
+        let s = rate.settings;
+        rate.applied = (s.max_docs_per_sec / SLOW_START_FRACTION)
+            .max(s.min_docs_per_sec)
+            .min(s.max_docs_per_sec);
+        rate.tokens = rate.applied * s.burst.as_secs_f64();
+        rate.slow_start = true;
+        rate
     }
 
     /// The settings in force.
@@ -129,8 +149,12 @@ impl AdaptiveRate {
         let steps = (elapsed.as_nanos() / interval.as_nanos()) as u32;
         if steps > 0 {
             self.refill(now);
-            self.applied = (self.applied + f64::from(steps) * self.settings.step_docs_per_sec)
-                .min(self.settings.max_docs_per_sec);
+            self.applied = if self.slow_start {
+                self.applied * 2f64.powi(steps.min(64) as i32)
+            } else {
+                self.applied + f64::from(steps) * self.settings.step_docs_per_sec
+            }
+            .min(self.settings.max_docs_per_sec);
             self.healthy_since += interval * steps;
         }
         self.applied
@@ -197,6 +221,7 @@ impl AdaptiveRate {
         }
         self.refill(now);
         self.last_decrease = Some(now);
+        self.slow_start = false;
         let halved = (self.applied / 2.0).max(self.settings.min_docs_per_sec);
         let changed = halved != self.applied;
         self.applied = halved;
@@ -204,84 +229,131 @@ impl AdaptiveRate {
     }
 }
 
-/// The batch size the application's latency allows. A batch holds a server for as long as it
-/// takes to write, and a read that arrives meanwhile waits for it: the rate decides how often
-/// that happens, the batch size how long each wait is. So while routers report the
-/// application over its latency budget the batch is halved (down to [`AdaptiveBatch::FLOOR`])
-/// along with the rate, and each healthy interval doubles it back, up to the configured size.
-/// With a budget the backfill starts at the floor and grows (a slow start), so its first
-/// batches do not hit the application before a router could report.
+/// A slow start begins at this fraction of the maximum ([`AdaptiveRate::with_slow_start`]).
+pub const SLOW_START_FRACTION: f64 = 8.0;
+
+/// The smallest batch a latency budget cuts a backfill's batches to.
+pub const BATCH_FLOOR: usize = 16;
+
+/// How much of the applied rate one batch carries while a latency budget is set: a tenth of a
+/// second's worth, so ten batches a second whatever the rate.
+pub const BATCH_PERIOD: Duration = Duration::from_millis(100);
+
+/// The batch size while the application's latency budget holds the backfill: a batch holds a
+/// server for as long as it takes to write, and a read that arrives meanwhile waits for it,
+/// so the rate decides how often the application waits and the batch size how long. Under a
+/// budget the same rate goes in more, smaller batches ([`BATCH_PERIOD`]'s worth, at least
+/// [`BATCH_FLOOR`], at most the configured size); without one, the configured size.
+pub fn batch_size(applied_docs_per_sec: f64, configured: usize, budgeted: bool) -> usize {
+    let configured = configured.max(1);
+    if !budgeted {
+        return configured;
+    }
+    let per_period = (applied_docs_per_sec * BATCH_PERIOD.as_secs_f64()).floor();
+    (per_period as usize).clamp(BATCH_FLOOR.min(configured), configured)
+}
+
+/// Latencies counted in log-spaced buckets, eight per doubling from 100 µs (each bucket about
+/// 9 % wide), so that what several routers reported over several intervals adds up and one
+/// percentile can be read over all of it. A percentile of a single one-second interval (a few
+/// hundred operations) is mostly noise: its p99 is the third-slowest operation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    /// Count per bucket index; only buckets that hold something.
+    counts: std::collections::BTreeMap<u16, u64>,
+}
+
+impl LatencyHistogram {
+    /// The smallest latency told apart, in microseconds: bucket 0 holds everything up to it.
+    const FLOOR_MICROS: f64 = 100.0;
+    const PER_DOUBLING: f64 = 8.0;
+    /// Buckets past 100 µs × 2^25 (about 56 minutes) are the last one.
+    const LAST: u16 = 200;
+
+    fn bucket_of(micros: u64) -> u16 {
+        if (micros as f64) <= Self::FLOOR_MICROS {
+            return 0;
+        }
+        let b = ((micros as f64 / Self::FLOOR_MICROS).log2() * Self::PER_DOUBLING).ceil();
+        (b as u16).clamp(1, Self::LAST)
+    }
+
+    /// The largest latency bucket `b` holds, in milliseconds.
+    fn upper_ms(b: u16) -> f64 {
+        Self::FLOOR_MICROS * 2f64.powf(f64::from(b) / Self::PER_DOUBLING) / 1000.0
+    }
+
+    pub fn record(&mut self, micros: u64) {
+        *self.counts.entry(Self::bucket_of(micros)).or_default() += 1;
+    }
+
+    /// Adds what `other` counted.
+    pub fn add(&mut self, other: &LatencyHistogram) {
+        for (b, n) in &other.counts {
+            *self.counts.entry(*b).or_default() += n;
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.values().sum()
+    }
+
+    /// The nearest-rank percentile `p` (0 to 100), as the upper bound of the bucket that holds
+    /// it (at most about 9 % above the exact value); `None` when empty.
+    pub fn percentile_ms(&self, p: f64) -> Option<f64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((p / 100.0) * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, n) in &self.counts {
+            seen += n;
+            if seen >= rank {
+                return Some(Self::upper_ms(*b));
+            }
+        }
+        self.counts.keys().last().map(|b| Self::upper_ms(*b))
+    }
+
+    /// `[[bucket, count], ...]`, as routers report it with their heartbeat.
+    pub fn to_pairs(&self) -> Vec<(u16, u64)> {
+        self.counts.iter().map(|(b, n)| (*b, *n)).collect()
+    }
+
+    /// The histogram of [`LatencyHistogram::to_pairs`]; out-of-range buckets count as the last.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (u16, u64)>) -> Self {
+        let mut h = LatencyHistogram::default();
+        for (b, n) in pairs {
+            *h.counts.entry(b.min(Self::LAST)).or_default() += n;
+        }
+        h
+    }
+}
+
+/// What one router reported with one heartbeat, over all its operations of the interval.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AdaptiveBatch {
-    configured: usize,
-    applied: usize,
-    /// The last change (or the start), from which a healthy interval counts.
-    since: Instant,
-    interval: Duration,
-}
-
-impl AdaptiveBatch {
-    /// The smallest batch the application's latency cuts to.
-    pub const FLOOR: usize = 16;
-
-    /// At the configured size, or (`slow_start`) at the floor.
-    pub fn new(configured: usize, slow_start: bool, interval: Duration, now: Instant) -> Self {
-        let configured = configured.max(1);
-        AdaptiveBatch {
-            configured,
-            applied: if slow_start {
-                Self::FLOOR.min(configured)
-            } else {
-                configured
-            },
-            since: now,
-            interval,
-        }
-    }
-
-    /// The batch size to read now.
-    pub fn applied(&self) -> usize {
-        self.applied
-    }
-
-    /// The application is over its budget: halve. Returns whether the size changed.
-    pub fn on_app_over_budget(&mut self, now: Instant) -> bool {
-        self.since = now;
-        let halved = (self.applied / 2).max(Self::FLOOR.min(self.configured));
-        let changed = halved != self.applied;
-        self.applied = halved;
-        changed
-    }
-
-    /// Doubles the size once per healthy interval since the last change, up to the
-    /// configured size. Returns the size.
-    pub fn tick(&mut self, now: Instant) -> usize {
-        while self.applied < self.configured
-            && now.saturating_duration_since(self.since) >= self.interval
-        {
-            self.applied = (self.applied * 2).min(self.configured);
-            self.since += self.interval;
-        }
-        if self.applied >= self.configured {
-            self.since = now;
-        }
-        self.applied
-    }
-
-    /// The configured size changed (`throttle set --batch-size`).
-    pub fn set_configured(&mut self, configured: usize) {
-        self.configured = configured.max(1);
-        self.applied = self.applied.min(self.configured);
-    }
-}
-
-/// What one router reported for its last heartbeat interval (all operations together).
-#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RouterReport {
+    /// The router, and when it reported: a report is the same report until both change.
+    pub router: String,
+    pub reported_at: i64,
     pub p99_ms: Option<f64>,
     pub count: u64,
     pub errors: u64,
+    /// The interval's latencies (routers of older versions do not send it).
+    pub histogram: Option<LatencyHistogram>,
+    /// The router's p99 over its last [`RECENT`] of intervals, when it sent one.
+    pub recent_p99_ms: Option<f64>,
+    /// How many operations that recent p99 is over.
+    pub recent_count: u64,
 }
+
+/// How far back a worker pools the routers' reports to judge the application against its
+/// budget: a few heartbeat intervals (2 s by default), a few thousand operations.
+pub const APP_WINDOW: Duration = Duration::from_secs(5);
+
+/// How far back a router's "recent" p99 reaches: the baseline a relative budget starts from.
+pub const RECENT: Duration = Duration::from_secs(30);
 
 /// The application's health against its latency budget, as its routers report it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -298,12 +370,13 @@ pub enum AppHealth {
     },
 }
 
-/// A router whose operations fail more often than this in an interval counts as over budget.
+/// A router whose operations fail more often than this in a window counts as over budget.
 pub const MAX_APP_ERROR_RATE: f64 = 0.01;
 
-/// A router's interval counts only with at least this many operations (a p99 of a handful is
-/// noise).
-pub const MIN_APP_SAMPLES: u64 = 20;
+/// A router's window counts only with at least this many operations: the p99 of a hundred is
+/// its second-slowest, of fewer mostly noise. An application slowed to a few dozen
+/// operations a second still fills a window in a few seconds.
+pub const MIN_APP_SAMPLES: u64 = 100;
 
 /// The p99 budget in milliseconds: the absolute one when set (> 0), else `factor` times the
 /// p99 routers reported before the backfill started (when both are known); `None`: no budget.
@@ -317,41 +390,134 @@ pub fn latency_budget_ms(absolute_ms: f64, factor: f64, baseline_ms: Option<f64>
     }
 }
 
-/// Judges the routers' last reports against `budget_ms`: the worst router decides (the
-/// application is as slow as its slowest instance).
-pub fn judge_app(reports: &[RouterReport], budget_ms: Option<f64>) -> AppHealth {
-    let Some(budget_ms) = budget_ms else {
-        return AppHealth::Unknown;
-    };
-    let mut worst_p99: Option<f64> = None;
-    let mut worst_errors = 0.0_f64;
-    for r in reports.iter().filter(|r| r.count >= MIN_APP_SAMPLES) {
-        if let Some(p) = r.p99_ms {
-            worst_p99 = Some(worst_p99.map_or(p, |w| w.max(p)));
+/// The routers' reports of the last few seconds, each router's pooled, judged against the
+/// budget: the application's signal over a window rather than one heartbeat interval. After
+/// a cut the window starts again ([`AppWindow::restart`]): only what routers report once the
+/// cut had a chance to act says whether it was enough, so one slow stretch is one cut, not one
+/// per report that still covers it.
+#[derive(Clone, Debug)]
+pub struct AppWindow {
+    span: Duration,
+    /// Per router: when each report in the window was seen, and the report.
+    window: std::collections::BTreeMap<String, std::collections::VecDeque<(Instant, RouterReport)>>,
+    /// Each live router's last report time: a report is taken once.
+    last_seen: std::collections::BTreeMap<String, i64>,
+    /// Since the last restart, the routers whose first report came (and was skipped: it
+    /// covers time before the restart). `None` before any restart.
+    fresh: Option<std::collections::BTreeSet<String>>,
+}
+
+impl AppWindow {
+    pub fn new(span: Duration) -> Self {
+        AppWindow {
+            span,
+            window: Default::default(),
+            last_seen: Default::default(),
+            fresh: None,
         }
-        worst_errors = worst_errors.max(r.errors as f64 / r.count as f64);
     }
-    let Some(p99_ms) = worst_p99 else {
-        return AppHealth::Unknown;
-    };
-    if p99_ms > budget_ms || worst_errors > MAX_APP_ERROR_RATE {
-        AppHealth::Over {
-            p99_ms,
-            budget_ms,
-            error_rate: worst_errors,
+
+    /// Takes the routers' latest reports, keeping those not seen before (a router reports
+    /// once per heartbeat interval; this is asked more often), and forgets what is older than
+    /// the span and routers that no longer report. Returns whether anything new came.
+    pub fn observe(&mut self, latest: &[RouterReport], now: Instant) -> bool {
+        let live: std::collections::BTreeSet<&str> =
+            latest.iter().map(|r| r.router.as_str()).collect();
+        self.last_seen.retain(|k, _| live.contains(k.as_str()));
+        self.window.retain(|k, _| live.contains(k.as_str()));
+        let mut new = false;
+        for r in latest {
+            if self.last_seen.get(&r.router) == Some(&r.reported_at) {
+                continue;
+            }
+            self.last_seen.insert(r.router.clone(), r.reported_at);
+            if let Some(fresh) = &mut self.fresh {
+                if fresh.insert(r.router.clone()) {
+                    continue;
+                }
+            }
+            self.window
+                .entry(r.router.clone())
+                .or_default()
+                .push_back((now, r.clone()));
+            new = true;
         }
-    } else {
-        AppHealth::Within { p99_ms, budget_ms }
+        for seen in self.window.values_mut() {
+            while seen
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) > self.span)
+            {
+                seen.pop_front();
+            }
+        }
+        self.window.retain(|_, seen| !seen.is_empty());
+        new
+    }
+
+    /// Forgets every report seen so far: the window fills again from each router's second
+    /// report on (its first covers time before the restart).
+    pub fn restart(&mut self) {
+        self.window.clear();
+        self.fresh = Some(Default::default());
+    }
+
+    /// The worst router with enough operations in the window decides (the application is as
+    /// slow as its slowest instance): its p99 over every operation it reported in the
+    /// window, and its error rate.
+    pub fn judge(&self, budget_ms: Option<f64>) -> AppHealth {
+        let Some(budget_ms) = budget_ms else {
+            return AppHealth::Unknown;
+        };
+        let mut worst_p99: Option<f64> = None;
+        let mut worst_errors = 0.0_f64;
+        for seen in self.window.values() {
+            let (count, errors) = seen
+                .iter()
+                .fold((0, 0), |(c, e), (_, r)| (c + r.count, e + r.errors));
+            if count < MIN_APP_SAMPLES {
+                continue;
+            }
+            let p99 = if seen.iter().all(|(_, r)| r.histogram.is_some()) {
+                let mut pooled = LatencyHistogram::default();
+                for (_, r) in seen {
+                    pooled.add(r.histogram.as_ref().expect("checked"));
+                }
+                pooled.percentile_ms(99.0)
+            } else {
+                // A router without histograms: the worst of its intervals' p99s.
+                seen.iter().filter_map(|(_, r)| r.p99_ms).reduce(f64::max)
+            };
+            if let Some(p) = p99 {
+                worst_p99 = Some(worst_p99.map_or(p, |w| w.max(p)));
+            }
+            worst_errors = worst_errors.max(errors as f64 / count as f64);
+        }
+        let Some(p99_ms) = worst_p99 else {
+            return AppHealth::Unknown;
+        };
+        if p99_ms > budget_ms || worst_errors > MAX_APP_ERROR_RATE {
+            AppHealth::Over {
+                p99_ms,
+                budget_ms,
+                error_rate: worst_errors,
+            }
+        } else {
+            AppHealth::Within { p99_ms, budget_ms }
+        }
     }
 }
 
-/// The p99 to remember as the application's "before": the worst router's, over the routers
-/// that reported enough operations.
+/// The p99 to remember as the application's "before": the worst router's over its recent
+/// intervals ([`RECENT`]), or over its last interval for a router that sends no recent one;
+/// only routers that reported enough operations count.
 pub fn app_baseline_ms(reports: &[RouterReport]) -> Option<f64> {
     reports
         .iter()
-        .filter(|r| r.count >= MIN_APP_SAMPLES)
-        .filter_map(|r| r.p99_ms)
+        .filter_map(|r| match r.recent_p99_ms {
+            Some(p) if r.recent_count >= MIN_APP_SAMPLES => Some(p),
+            _ if r.count >= MIN_APP_SAMPLES => r.p99_ms,
+            _ => None,
+        })
         .reduce(f64::max)
 }
 
@@ -372,43 +538,68 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_batch_halves_while_the_application_is_over_budget_and_doubles_back_when_healthy() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut b = AdaptiveBatch::new(1_000, true, 2 * s, t0);
-        assert_eq!(b.applied(), AdaptiveBatch::FLOOR);
-        // Slow start: doubles every healthy interval up to the configured size.
-        assert_eq!(b.tick(t0 + s), 16);
-        assert_eq!(b.tick(t0 + 2 * s), 32);
-        assert_eq!(b.tick(t0 + 7 * s), 128);
-        assert_eq!(b.tick(t0 + 20 * s), 1_000);
-        // Over budget: halved each time, not below the floor.
-        assert!(b.on_app_over_budget(t0 + 21 * s));
-        assert_eq!(b.applied(), 500);
-        for k in 0..10 {
-            b.on_app_over_budget(t0 + (22 + k) * s);
-        }
-        assert_eq!(b.applied(), AdaptiveBatch::FLOOR);
-        assert!(!b.on_app_over_budget(t0 + 33 * s));
-        // A healthy interval after the last cut doubles it again.
-        assert_eq!(b.tick(t0 + 34 * s), 16);
-        assert_eq!(b.tick(t0 + 35 * s), 32);
-        // The operator lowers the size: applied follows at once.
-        b.set_configured(20);
-        assert_eq!(b.applied(), 20);
-        // Without a budget it starts at the configured size; a tiny configured size is its
-        // own floor.
-        assert_eq!(AdaptiveBatch::new(1_000, false, 2 * s, t0).applied(), 1_000);
-        let mut tiny = AdaptiveBatch::new(5, true, 2 * s, t0);
-        assert_eq!(tiny.applied(), 5);
-        assert!(!tiny.on_app_over_budget(t0));
+    fn under_a_budget_the_batch_carries_a_tenth_of_a_second_of_the_rate() {
+        // Without a budget: the configured size, whatever the rate.
+        assert_eq!(batch_size(50.0, 1_000, false), 1_000);
+        assert_eq!(batch_size(1e9, 1_000, false), 1_000);
+        // With one: a tenth of a second's worth, between the floor and the configured size.
+        assert_eq!(batch_size(5_000.0, 1_000, true), 500);
+        assert_eq!(batch_size(1e9, 1_000, true), 1_000);
+        assert_eq!(batch_size(50.0, 1_000, true), BATCH_FLOOR);
+        assert_eq!(batch_size(313.0, 1_000, true), 31);
+        // A configured size below the floor is its own floor.
+        assert_eq!(batch_size(50.0, 5, true), 5);
+        assert_eq!(batch_size(50.0, 0, false), 1);
     }
 
-    fn report(p99_ms: f64, count: u64, errors: u64) -> RouterReport {
+    #[test]
+    fn a_slow_start_doubles_until_the_first_decrease_then_adds_steps() {
+        let c = Clock::new();
+        let s = ThrottleSettings {
+            max_docs_per_sec: 1_600.0,
+            min_docs_per_sec: 50.0,
+            healthy_interval: Duration::from_secs(5),
+            ..settings()
+        };
+        let mut rate = AdaptiveRate::with_slow_start(s, c.at(0));
+        assert_eq!(rate.applied(), 1_600.0 / SLOW_START_FRACTION);
+        assert_eq!(rate.tick(c.at(5_000)), 400.0);
+        assert_eq!(rate.tick(c.at(10_000)), 800.0);
+        // A decrease ends the slow start: halved, then a step per healthy interval.
+        assert!(rate.on_app_over_budget(c.at(11_000)));
+        assert_eq!(rate.applied(), 400.0);
+        assert_eq!(rate.tick(c.at(16_000)), 500.0);
+        assert_eq!(rate.tick(c.at(21_000)), 600.0);
+        // Doubling never passes the maximum.
+        let mut quick = AdaptiveRate::with_slow_start(s, c.at(0));
+        assert_eq!(quick.tick(c.at(60_000)), 1_600.0);
+        // A small maximum starts at the floor, not below it.
+        let small = ThrottleSettings {
+            max_docs_per_sec: 300.0,
+            ..s
+        };
+        assert_eq!(
+            AdaptiveRate::with_slow_start(small, c.at(0)).applied(),
+            50.0
+        );
+    }
+
+    /// Router `router`'s report at `at`: `count` operations of `ms` each but `slow` of
+    /// `slow_ms`, `errors` of them failed.
+    fn report(router: &str, at: i64, count: u64, ms: f64, slow: u64, slow_ms: f64) -> RouterReport {
+        let mut h = LatencyHistogram::default();
+        for i in 0..count {
+            h.record(((if i < slow { slow_ms } else { ms }) * 1000.0) as u64);
+        }
         RouterReport {
-            p99_ms: Some(p99_ms),
+            router: router.to_owned(),
+            reported_at: at,
+            p99_ms: h.percentile_ms(99.0),
             count,
-            errors,
+            errors: 0,
+            histogram: Some(h),
+            recent_p99_ms: None,
+            recent_count: 0,
         }
     }
 
@@ -421,38 +612,116 @@ mod tests {
     }
 
     #[test]
-    fn the_worst_router_with_enough_samples_decides() {
-        let within = [report(9.0, 100, 0), report(12.0, 50, 0)];
-        assert_eq!(
-            judge_app(&within, Some(13.0)),
-            AppHealth::Within {
-                p99_ms: 12.0,
-                budget_ms: 13.0
-            }
+    fn histograms_add_up_and_read_percentiles_within_a_bucket() {
+        let mut a = LatencyHistogram::default();
+        for ms in 1..=100 {
+            a.record(ms * 1000);
+        }
+        // Nearest rank: the 99th of 100 is 99 ms, read as its bucket's upper bound (≤ 9 % up).
+        let p99 = a.percentile_ms(99.0).unwrap();
+        assert!((99.0..=99.0 * 1.091).contains(&p99), "{p99}");
+        let p50 = a.percentile_ms(50.0).unwrap();
+        assert!((50.0..=50.0 * 1.091).contains(&p50), "{p50}");
+        // Two routers' intervals pooled: 200 fast and 2 slow operations put the p99 on the
+        // fast ones, though one interval alone would read the slow one.
+        let mut fast = LatencyHistogram::default();
+        for _ in 0..200 {
+            fast.record(2_000);
+        }
+        let mut spiky = LatencyHistogram::default();
+        for _ in 0..98 {
+            spiky.record(2_000);
+        }
+        spiky.record(900_000);
+        spiky.record(900_000);
+        assert!(spiky.percentile_ms(99.0).unwrap() >= 900.0);
+        let mut pooled = fast.clone();
+        pooled.add(&spiky);
+        assert_eq!(pooled.count(), 300);
+        assert!(pooled.percentile_ms(99.0).unwrap() < 2.2);
+        // Through the report's pairs and back; tiny and huge latencies have a bucket each end.
+        assert_eq!(LatencyHistogram::from_pairs(pooled.to_pairs()), pooled);
+        let mut ends = LatencyHistogram::default();
+        ends.record(0);
+        ends.record(u64::MAX / 2);
+        assert_eq!(ends.count(), 2);
+        assert!(ends.percentile_ms(1.0).unwrap() <= 0.1);
+        assert_eq!(LatencyHistogram::default().percentile_ms(99.0), None);
+    }
+
+    #[test]
+    fn the_window_pools_each_routers_reports_and_the_worst_router_decides() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut w = AppWindow::new(5 * s);
+        assert_eq!(w.judge(Some(13.0)), AppHealth::Unknown);
+        // Too few operations yet to judge (60 < MIN_APP_SAMPLES).
+        assert!(w.observe(&[report("a", 1, 60, 9.0, 0, 0.0)], t0));
+        assert_eq!(w.judge(Some(13.0)), AppHealth::Unknown);
+        // The same report again is not new; the next one is, and now there is enough.
+        assert!(!w.observe(&[report("a", 1, 60, 9.0, 0, 0.0)], t0 + s));
+        assert!(w.observe(&[report("a", 2, 150, 9.0, 1, 400.0)], t0 + 2 * s));
+        // One slow operation of 210: a single interval's p99 would be 400 ms; pooled, 9 ms.
+        assert!(matches!(
+            w.judge(Some(13.0)),
+            AppHealth::Within { p99_ms, .. } if p99_ms < 10.0
+        ));
+        // A second router over the budget decides.
+        w.observe(
+            &[
+                report("a", 2, 150, 9.0, 1, 400.0),
+                report("b", 7, 300, 9.0, 30, 20.0),
+            ],
+            t0 + 3 * s,
         );
-        let over = [report(9.0, 100, 0), report(14.0, 50, 0)];
         assert!(matches!(
-            judge_app(&over, Some(13.0)),
-            AppHealth::Over { p99_ms, .. } if p99_ms == 14.0
+            w.judge(Some(13.0)),
+            AppHealth::Over { p99_ms, .. } if p99_ms >= 20.0
         ));
-        // Too few operations to judge: a p99 of three samples is noise.
-        let few = [report(9.0, 100, 0), report(500.0, 3, 0)];
+        assert_eq!(w.judge(None), AppHealth::Unknown);
+        // Reports older than the span leave the window; a router that stopped reporting goes.
+        w.observe(&[report("a", 3, 50, 9.0, 0, 0.0)], t0 + 9 * s);
+        assert_eq!(w.judge(Some(13.0)), AppHealth::Unknown);
+        // Errors count too: 4 of 300 is over 1 %.
+        let mut failing = report("c", 1, 300, 1.0, 0, 0.0);
+        failing.errors = 4;
+        w.observe(&[failing], t0 + 10 * s);
         assert!(matches!(
-            judge_app(&few, Some(13.0)),
-            AppHealth::Within { .. }
+            w.judge(Some(13.0)),
+            AppHealth::Over { error_rate, .. } if error_rate == 4.0 / 300.0
         ));
-        assert_eq!(
-            judge_app(&[report(500.0, 3, 0)], Some(13.0)),
-            AppHealth::Unknown
-        );
-        assert_eq!(judge_app(&over, None), AppHealth::Unknown);
-        // Errors count too: 2 of 100 is over 1 %.
-        assert!(matches!(
-            judge_app(&[report(1.0, 100, 2)], Some(13.0)),
-            AppHealth::Over { error_rate, .. } if error_rate == 0.02
-        ));
-        assert_eq!(app_baseline_ms(&over), Some(14.0));
-        assert_eq!(app_baseline_ms(&[report(500.0, 3, 0)]), None);
+    }
+
+    #[test]
+    fn after_a_restart_each_routers_first_report_is_skipped() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut w = AppWindow::new(5 * s);
+        w.observe(&[report("a", 1, 300, 30.0, 0, 0.0)], t0);
+        assert!(matches!(w.judge(Some(13.0)), AppHealth::Over { .. }));
+        // The rate was cut: the report that covers the cut says nothing of its effect.
+        w.restart();
+        assert_eq!(w.judge(Some(13.0)), AppHealth::Unknown);
+        assert!(!w.observe(&[report("a", 2, 300, 30.0, 0, 0.0)], t0 + s));
+        assert_eq!(w.judge(Some(13.0)), AppHealth::Unknown);
+        assert!(w.observe(&[report("a", 3, 300, 5.0, 0, 0.0)], t0 + 2 * s));
+        assert!(matches!(w.judge(Some(13.0)), AppHealth::Within { .. }));
+    }
+
+    #[test]
+    fn the_baseline_is_the_worst_routers_recent_p99() {
+        let mut a = report("a", 1, 300, 9.0, 0, 0.0);
+        a.recent_p99_ms = Some(11.0);
+        a.recent_count = 3_000;
+        let b = report("b", 1, 300, 14.0, 0, 0.0);
+        let mut few = report("c", 1, 10, 500.0, 0, 0.0);
+        few.recent_p99_ms = Some(900.0);
+        few.recent_count = 10;
+        // `b` sends no recent p99: its interval's counts.
+        let baseline = app_baseline_ms(&[a.clone(), b, few.clone()]).unwrap();
+        assert!((14.0..15.3).contains(&baseline), "{baseline}");
+        assert_eq!(app_baseline_ms(&[a, few.clone()]), Some(11.0));
+        assert_eq!(app_baseline_ms(&[few]), None);
     }
 
     #[test]

@@ -47,7 +47,7 @@ use crate::store::migrations::Migration;
 use crate::store::partitions::{Checkpoint, Claim, NewDeadLetter, Partition, Task};
 use crate::store::workers::WorkerFigures;
 use crate::store::{Store, StoreError};
-use crate::throttle::{AdaptiveBatch, AdaptiveRate, AppHealth};
+use crate::throttle::{AdaptiveRate, AppHealth};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -161,7 +161,8 @@ struct Shared {
     from: RoutingVersion,
     to: RoutingVersion,
     rate: Arc<Mutex<AdaptiveRate>>,
-    batch: Mutex<AdaptiveBatch>,
+    /// A latency budget holds the backfill: batches follow the rate ([`throttle::batch_size`]).
+    budgeted: AtomicBool,
     settings: Mutex<MigrationSettings>,
     writer: Mutex<BulkWriter>,
     counters: Arc<Counters>,
@@ -170,10 +171,12 @@ struct Shared {
 }
 
 impl Shared {
-    /// The batch size to read now: the configured one, or less while the application's
-    /// latency asks for it ([`AdaptiveBatch`]).
+    /// The batch size to read now: the configured one, or under a latency budget a tenth of
+    /// a second of the applied rate ([`crate::throttle::batch_size`]).
     fn batch_size(&self) -> usize {
-        self.batch.lock().unwrap().applied()
+        let configured = self.settings.lock().unwrap().batch_size;
+        let applied = self.rate.lock().unwrap().applied();
+        crate::throttle::batch_size(applied, configured, self.budgeted.load(Ordering::Relaxed))
     }
     fn writer(&self) -> BulkWriter {
         self.writer.lock().unwrap().clone()
@@ -514,10 +517,20 @@ impl Worker {
             .store
             .worker_heartbeat(worker_id, m.id, ttl, &WorkerFigures::default())
             .await?;
-        let rate = Arc::new(Mutex::new(AdaptiveRate::new(
-            settings.throttle_share(live),
-            Instant::now(),
-        )));
+        // With a latency budget the rate starts slow and doubles while the application keeps
+        // within it (its first batches reach the application before a router can report).
+        let budgeted = crate::throttle::latency_budget_ms(
+            settings.latency_budget_ms,
+            settings.latency_budget_factor,
+            m.app_p99_baseline_ms,
+        )
+        .is_some();
+        let share = settings.throttle_share(live);
+        let rate = Arc::new(Mutex::new(if budgeted {
+            AdaptiveRate::with_slow_start(share, Instant::now())
+        } else {
+            AdaptiveRate::new(share, Instant::now())
+        }));
         let counters = self
             .counters
             .lock()
@@ -527,20 +540,6 @@ impl Worker {
             .clone();
         let before = counters.summary();
         let writer = self.writer_for(&settings, &rate, &counters);
-        // With a latency budget, batches start small and grow while the application keeps
-        // within it.
-        let budgeted = crate::throttle::latency_budget_ms(
-            settings.latency_budget_ms,
-            settings.latency_budget_factor,
-            m.app_p99_baseline_ms,
-        )
-        .is_some();
-        let batch = AdaptiveBatch::new(
-            settings.batch_size,
-            budgeted,
-            BATCH_GROWS_EVERY,
-            Instant::now(),
-        );
         let shared = Arc::new(Shared {
             migration: m.id,
             task,
@@ -549,7 +548,7 @@ impl Worker {
             from,
             to,
             rate,
-            batch: Mutex::new(batch),
+            budgeted: AtomicBool::new(budgeted),
             settings: Mutex::new(settings),
             writer: Mutex::new(writer),
             counters,
@@ -602,9 +601,12 @@ impl Worker {
         let mut reported_cuts = 0_i64;
         let mut last_cut_event: Option<Instant> = None;
         let mut last_capacity_event: Option<Instant> = None;
-        let mut last_app_reports: Vec<crate::throttle::RouterReport> = Vec::new();
+        let mut app_window = crate::throttle::AppWindow::new(crate::throttle::APP_WINDOW);
         let mut app_over = false;
         let mut last_app_event: Option<Instant> = None;
+        let mut last_floor_warning: Option<Instant> = None;
+        let first_documents = shared.counters.documents.load(Ordering::Relaxed);
+        let mut copying = false;
         let mut last_log = Instant::now();
         let mut last_logged_documents = shared.counters.documents.load(Ordering::Relaxed);
         loop {
@@ -628,7 +630,6 @@ impl Worker {
             let (applied, max) = {
                 let mut rate = shared.rate.lock().unwrap();
                 rate.tick(now);
-                shared.batch.lock().unwrap().tick(now);
                 (rate.applied(), rate.settings().max_docs_per_sec)
             };
             let figures = WorkerFigures {
@@ -664,13 +665,6 @@ impl Worker {
                     } else {
                         rate.set_max(share.max_docs_per_sec, now);
                     }
-                }
-                if settings.batch_size != before.batch_size {
-                    shared
-                        .batch
-                        .lock()
-                        .unwrap()
-                        .set_configured(settings.batch_size);
                 }
                 if settings.max_in_flight_per_shard != before.max_in_flight_per_shard {
                     let writer = self.writer_for(&settings, &shared.rate, &shared.counters);
@@ -749,20 +743,30 @@ impl Worker {
                 settings.latency_budget_factor,
                 m.app_p99_baseline_ms,
             );
-            if budget.is_some() {
+            shared.budgeted.store(budget.is_some(), Ordering::Relaxed);
+            // The application is judged from this worker's first recorded batch on: before
+            // it, nothing the worker wrote can be the cause, and cutting cannot help (the
+            // local stand-in answers nothing for seconds while it prepares a scan's first
+            // batch; MongoDB streams an index scan).
+            if !copying && documents > first_documents {
+                copying = true;
+                app_window.restart();
+            }
+            if budget.is_some() && copying {
                 let reports = self.store.app_reports(&m.collection).await?;
-                // A report is judged once: routers report every heartbeat interval, this loop
-                // runs more often.
-                if reports != last_app_reports {
-                    let health = crate::throttle::judge_app(&reports, budget);
+                // Judged when a router reported (routers report every heartbeat interval,
+                // this loop runs more often), over the window of their recent reports.
+                if app_window.observe(&reports, now) {
+                    let health = app_window.judge(budget);
                     if let AppHealth::Over {
                         p99_ms,
                         budget_ms,
                         error_rate,
                     } = health
                     {
-                        let smaller = shared.batch.lock().unwrap().on_app_over_budget(now);
-                        let cut = shared.rate.lock().unwrap().on_app_over_budget(now) || smaller;
+                        let cut = shared.rate.lock().unwrap().on_app_over_budget(now);
+                        // What routers report from now on says whether the cut was enough.
+                        app_window.restart();
                         if cut {
                             let applied = shared.rate.lock().unwrap().applied();
                             shared.counters.rate_cuts.fetch_add(1, Ordering::Relaxed);
@@ -811,6 +815,21 @@ impl Worker {
                                     )
                                     .await?;
                             }
+                        } else if last_floor_warning
+                            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60))
+                        {
+                            // Nothing left to cut: the budget may be tighter than the
+                            // application keeps without a backfill, or the slowness is not
+                            // the backfill's.
+                            last_floor_warning = Some(now);
+                            tracing::warn!(
+                                migration = shared.migration,
+                                app_p99_ms = p99_ms,
+                                latency_budget_ms = budget_ms,
+                                applied_docs_per_sec = shared.rate.lock().unwrap().applied(),
+                                "the application is over its latency budget with this worker \
+                                 at its slowest"
+                            );
                         }
                         app_over = true;
                     } else if let AppHealth::Within { p99_ms, budget_ms } = health {
@@ -825,7 +844,6 @@ impl Worker {
                         }
                         app_over = false;
                     }
-                    last_app_reports = reports;
                 }
             }
             let since_log = now.duration_since(last_log);
@@ -1541,11 +1559,6 @@ struct Recorded {
     batches: Vec<Settled>,
 }
 
-/// Aborts a task when dropped (a partition given up mid-way stops its reader).
-/// How long the application must keep within its latency budget before a worker doubles its
-/// batch size back (about two router reports).
-const BATCH_GROWS_EVERY: Duration = Duration::from_secs(2);
-
 /// How often a worker logs its progress (at info level; batches and documents are never
 /// logged one by one there).
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
@@ -1564,6 +1577,7 @@ fn range_text(p: &Partition) -> String {
     )
 }
 
+/// Aborts a task when dropped (a partition given up mid-way stops its lease keeper).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {

@@ -1,10 +1,16 @@
 //! Per-operation latency and error counts over the last heartbeat interval, reported with the
-//! heartbeat so the driver (and later the throttle) can watch the application's own health.
+//! heartbeat so the driver and the workers' throttle can watch the application's own health.
+//! Beside each interval's percentiles, all operations together carry the interval's latency
+//! histogram (so a worker can pool several intervals into one percentile) and the p99 over
+//! the router's recent intervals ([`crate::throttle::RECENT`], the baseline of a relative
+//! latency budget).
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use crate::throttle::{LatencyHistogram, RECENT};
 
 /// Latencies and errors of one kind of operation in one interval.
 #[derive(Default, Debug, Clone)]
@@ -17,6 +23,8 @@ struct Samples {
 #[derive(Default, Debug)]
 pub struct OperationStats {
     by_op: BTreeMap<&'static str, Samples>,
+    /// Each recent interval's histogram of all operations, with when it was reported.
+    recent: VecDeque<(Instant, LatencyHistogram)>,
 }
 
 /// Keeps at most this many latency samples per operation and interval; beyond it, every
@@ -36,8 +44,15 @@ impl OperationStats {
         }
     }
 
-    /// `{"get": {"count": n, "errors": e, "p50_ms": x, "p99_ms": y}, ..., "all": {...}}`.
+    /// `{"get": {"count": n, "errors": e, "p50_ms": x, "p99_ms": y}, ..., "all": {...}}`;
+    /// `all` also has `histogram` (`[[bucket, count], ...]`), `recent_p99_ms` and
+    /// `recent_count`.
     pub fn take_report(&mut self) -> Value {
+        self.take_report_at(Instant::now())
+    }
+
+    /// [`OperationStats::take_report`], reported at `now`.
+    pub fn take_report_at(&mut self, now: Instant) -> Value {
         let mut report = serde_json::Map::new();
         let mut all = Samples::default();
         for (op, samples) in std::mem::take(&mut self.by_op) {
@@ -45,7 +60,27 @@ impl OperationStats {
             all.errors += samples.errors;
             report.insert(op.to_owned(), summary(samples));
         }
-        report.insert("all".to_owned(), summary(all));
+        let mut histogram = LatencyHistogram::default();
+        for m in &all.micros {
+            histogram.record(*m);
+        }
+        while self
+            .recent
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= RECENT)
+        {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((now, histogram.clone()));
+        let mut recent = LatencyHistogram::default();
+        for (_, h) in &self.recent {
+            recent.add(h);
+        }
+        let mut all = summary(all);
+        all["histogram"] = json!(histogram.to_pairs());
+        all["recent_p99_ms"] = json!(recent.percentile_ms(99.0));
+        all["recent_count"] = json!(recent.count());
+        report.insert("all".to_owned(), all);
         Value::Object(report)
     }
 }
@@ -91,5 +126,39 @@ mod tests {
         let empty = stats.take_report();
         assert_eq!(empty["all"]["count"], 0);
         assert_eq!(empty["all"]["p50_ms"], Value::Null);
+    }
+
+    #[test]
+    fn all_operations_carry_the_intervals_histogram_and_the_recent_p99() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut stats = OperationStats::default();
+        for i in 0..100 {
+            let ms = if i < 5 { 800 } else { 2 };
+            stats.record("get", Duration::from_millis(ms), true);
+        }
+        let first = stats.take_report_at(t0);
+        assert!(first["all"]["recent_p99_ms"].as_f64().unwrap() >= 800.0);
+        let pairs: Vec<(u16, u64)> =
+            serde_json::from_value(first["all"]["histogram"].clone()).unwrap();
+        assert_eq!(LatencyHistogram::from_pairs(pairs).count(), 100);
+        assert_eq!(first["all"]["recent_count"], 100);
+        // Quiet intervals after it: 5 slow operations of 700 are under 1 % ...
+        for k in 1..=5 {
+            for _ in 0..100 {
+                stats.record("get", Duration::from_millis(2), true);
+            }
+            stats.take_report_at(t0 + k * s);
+        }
+        for _ in 0..100 {
+            stats.record("get", Duration::from_millis(2), true);
+        }
+        let later = stats.take_report_at(t0 + 6 * s);
+        assert_eq!(later["all"]["recent_count"], 700);
+        assert!(later["all"]["recent_p99_ms"].as_f64().unwrap() < 3.0);
+        // ... and once RECENT has passed, only the intervals within it count.
+        let much_later = stats.take_report_at(t0 + RECENT + 6 * s);
+        assert_eq!(much_later["all"]["recent_count"], 0);
+        assert_eq!(much_later["all"]["recent_p99_ms"], Value::Null);
     }
 }

@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 
 use super::migrations::Migration;
 use super::{Store, StoreError, StoreResult};
-use crate::throttle::RouterReport;
+use crate::throttle::{LatencyHistogram, RouterReport};
 
 /// A router that has not acknowledged a migration's current epoch.
 #[derive(Clone, Debug, Serialize)]
@@ -381,9 +381,16 @@ pub(super) fn reports(rows: &[RouterRow]) -> Vec<RouterReport> {
         .map(|r| {
             let all = &r.stats["all"];
             RouterReport {
+                router: r.id.to_string(),
+                reported_at: r.heartbeat_at.timestamp_micros(),
                 p99_ms: all["p99_ms"].as_f64(),
                 count: all["count"].as_u64().unwrap_or(0),
                 errors: all["errors"].as_u64().unwrap_or(0),
+                histogram: serde_json::from_value::<Vec<(u16, u64)>>(all["histogram"].clone())
+                    .ok()
+                    .map(LatencyHistogram::from_pairs),
+                recent_p99_ms: all["recent_p99_ms"].as_f64(),
+                recent_count: all["recent_count"].as_u64().unwrap_or(0),
             }
         })
         .collect()
