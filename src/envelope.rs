@@ -11,8 +11,6 @@
 //! - `mig`: set by a rollback's mirror on the source document it wrote: mirrors compare
 //!   revisions only among the documents this migration mirrored.
 
-use std::collections::BTreeSet;
-
 use mongodb::bson::{doc, Bson, DateTime, Document};
 
 use crate::routing::RoutingVersion;
@@ -236,17 +234,22 @@ pub fn content_differences(
     from: &RoutingVersion,
     to: &RoutingVersion,
 ) -> Vec<String> {
-    let ignore: BTreeSet<&str> = bookkeeping(from, to).collect();
-    let keys: BTreeSet<&str> = source
-        .keys()
-        .chain(target.keys())
-        .map(String::as_str)
-        .filter(|k| !ignore.contains(k))
+    // Runs once per document of a full reconciliation: nothing is allocated unless the two
+    // differ.
+    let ignored = |k: &str| bookkeeping(from, to).any(|b| b == k);
+    let mut differing: Vec<String> = source
+        .iter()
+        .filter(|(k, v)| !ignored(k) && target.get(k.as_str()) != Some(*v))
+        .chain(
+            target
+                .iter()
+                .filter(|(k, _)| !ignored(k) && !source.contains_key(k.as_str())),
+        )
+        .map(|(k, _)| k.clone())
         .collect();
-    keys.into_iter()
-        .filter(|k| source.get(*k) != target.get(*k))
-        .map(str::to_owned)
-        .collect()
+    differing.sort_unstable();
+    differing.dedup();
+    differing
 }
 
 /// Whether `path` (a field or a dotted path) is one no application write may set: the id, the
