@@ -67,8 +67,8 @@ pub struct AdaptiveRate {
     /// Tokens (documents) available; negative when callers have reserved ahead.
     tokens: f64,
     refilled_at: Instant,
-    /// Until the first decrease, each healthy interval doubles the rate instead of adding a
-    /// step ([`AdaptiveRate::with_slow_start`]).
+    /// Until the first decrease, the rate grows only when the application is judged within
+    /// its budget, and then doubles ([`AdaptiveRate::with_slow_start`]).
     slow_start: bool,
 }
 
@@ -90,11 +90,13 @@ impl AdaptiveRate {
         }
     }
 
-    /// A rate that starts at an eighth of the maximum and doubles every healthy interval
-    /// until the first decrease, from when it adds steps like any other (TCP's slow start):
-    /// a backfill held to the application's latency budget starts gently, since its first
+    /// A rate that starts at an eighth of the maximum and doubles each time the application
+    /// is judged within its budget ([`AdaptiveRate::on_app_within_budget`]) until the first
+    /// decrease, from when it adds steps with time like any other (TCP's slow start): a
+    /// backfill held to the application's latency budget starts gently, since its first
     /// batches reach the application before any router could report them, and still finds
-    /// its pace in a few intervals.
+    /// its pace in a few windows. Time alone does not grow it: a backfill that has not
+    /// written yet (a server preparing a scan's first batch) has shown nothing.
     pub fn with_slow_start(settings: ThrottleSettings, now: Instant) -> Self {
         let mut rate = AdaptiveRate::new(settings, now);
         let s = rate.settings;
@@ -147,14 +149,10 @@ impl AdaptiveRate {
         }
         let elapsed = now.saturating_duration_since(self.healthy_since);
         let steps = (elapsed.as_nanos() / interval.as_nanos()) as u32;
-        if steps > 0 {
+        if steps > 0 && !self.slow_start {
             self.refill(now);
-            self.applied = if self.slow_start {
-                self.applied * 2f64.powi(steps.min(64) as i32)
-            } else {
-                self.applied + f64::from(steps) * self.settings.step_docs_per_sec
-            }
-            .min(self.settings.max_docs_per_sec);
+            self.applied = (self.applied + f64::from(steps) * self.settings.step_docs_per_sec)
+                .min(self.settings.max_docs_per_sec);
             self.healthy_since += interval * steps;
         }
         self.applied
@@ -200,6 +198,24 @@ impl AdaptiveRate {
     /// rate changed.
     pub fn on_app_over_budget(&mut self, now: Instant) -> bool {
         self.decrease(now)
+    }
+
+    /// The application's routers report latency within its budget over a window of the
+    /// backfill's writes: during a slow start the rate doubles (at most once per healthy
+    /// interval). Returns whether the rate changed; after the slow start, time grows it
+    /// ([`AdaptiveRate::tick`]).
+    pub fn on_app_within_budget(&mut self, now: Instant) -> bool {
+        if !self.slow_start
+            || now.saturating_duration_since(self.healthy_since) < self.settings.healthy_interval
+        {
+            return false;
+        }
+        self.refill(now);
+        self.healthy_since = now;
+        let doubled = (self.applied * 2.0).min(self.settings.max_docs_per_sec);
+        let changed = doubled != self.applied;
+        self.applied = doubled;
+        changed
     }
 
     fn refill(&mut self, now: Instant) {
@@ -563,16 +579,27 @@ mod tests {
         };
         let mut rate = AdaptiveRate::with_slow_start(s, c.at(0));
         assert_eq!(rate.applied(), 1_600.0 / SLOW_START_FRACTION);
-        assert_eq!(rate.tick(c.at(5_000)), 400.0);
-        assert_eq!(rate.tick(c.at(10_000)), 800.0);
-        // A decrease ends the slow start: halved, then a step per healthy interval.
-        assert!(rate.on_app_over_budget(c.at(11_000)));
+        // Time alone grows nothing: nothing the backfill wrote has been judged.
+        assert_eq!(rate.tick(c.at(30_000)), 200.0);
+        // The application within its budget doubles it, once per healthy interval.
+        assert!(rate.on_app_within_budget(c.at(30_000)));
         assert_eq!(rate.applied(), 400.0);
-        assert_eq!(rate.tick(c.at(16_000)), 500.0);
-        assert_eq!(rate.tick(c.at(21_000)), 600.0);
+        assert!(!rate.on_app_within_budget(c.at(32_000)));
+        assert!(rate.on_app_within_budget(c.at(35_000)));
+        assert_eq!(rate.tick(c.at(36_000)), 800.0);
+        // A decrease ends the slow start: halved, then a step per healthy interval, and a
+        // judgement within the budget no longer doubles.
+        assert!(rate.on_app_over_budget(c.at(36_000)));
+        assert_eq!(rate.applied(), 400.0);
+        assert!(!rate.on_app_within_budget(c.at(41_000)));
+        assert_eq!(rate.tick(c.at(41_000)), 500.0);
+        assert_eq!(rate.tick(c.at(46_000)), 600.0);
         // Doubling never passes the maximum.
         let mut quick = AdaptiveRate::with_slow_start(s, c.at(0));
-        assert_eq!(quick.tick(c.at(60_000)), 1_600.0);
+        for i in 1..=5 {
+            quick.on_app_within_budget(c.at(i * 5_000));
+        }
+        assert_eq!(quick.applied(), 1_600.0);
         // A small maximum starts at the floor, not below it.
         let small = ThrottleSettings {
             max_docs_per_sec: 300.0,

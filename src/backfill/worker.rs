@@ -843,6 +843,11 @@ impl Worker {
                             );
                         }
                         app_over = false;
+                        // A slow start grows only on this evidence; what routers report
+                        // from now on judges the new rate.
+                        if shared.rate.lock().unwrap().on_app_within_budget(now) {
+                            app_window.restart();
+                        }
                     }
                 }
             }
