@@ -579,7 +579,12 @@ async fn hot_tenant_and_new_shard_copy_exactly_what_moves() {
     })
     .await;
     let copy_started = Instant::now();
-    let summary = fx.run_worker(fx.config("w1", 2)).await;
+    // A lease long enough for a loaded machine: the local server answers nothing for seconds
+    // while it sorts a range for a scan's first batch, and a write that outlives its lease is
+    // given up (what this test counts exactly assumes no pass was given up).
+    let mut cfg = fx.config("w1", 2);
+    cfg.lease_ttl = Duration::from_secs(15);
+    let summary = fx.run_worker(cfg).await;
     eprintln!("backfill: {summary:?} in {:?}", copy_started.elapsed());
 
     let partitions = fx.partitions().await;
@@ -614,11 +619,23 @@ async fn hot_tenant_and_new_shard_copy_exactly_what_moves() {
         .unwrap();
     assert_eq!(t.done, t.partitions);
     assert_eq!(t.scanned as u64, e.scanned());
-    assert_eq!(t.inserted as u64, e.moved, "{t:?}");
-    assert_eq!(t.stamped as u64, e.stamped, "{t:?}");
     assert_eq!(t.dead_lettered, 0);
-    assert_eq!(t.already_present as u64, e.scanned() - e.moved - e.stamped);
-    assert_eq!(summary.partitions_done as i64, t.partitions);
+    if summary.leases_lost == 0 {
+        assert_eq!(t.inserted as u64, e.moved, "{t:?}");
+        assert_eq!(t.stamped as u64, e.stamped, "{t:?}");
+        assert_eq!(t.already_present as u64, e.scanned() - e.moved - e.stamped);
+        assert_eq!(summary.partitions_done as i64, t.partitions);
+    } else {
+        // A pass given up wrote copies no checkpoint recorded: the pass that took over finds
+        // them present. The split moves; the sum and the targets' contents do not.
+        assert!(t.inserted as u64 <= e.moved, "{t:?}");
+        assert!(t.stamped as u64 <= e.stamped, "{t:?}");
+        assert_eq!(
+            (t.inserted + t.stamped + t.already_present) as u64,
+            e.scanned(),
+            "{t:?}"
+        );
+    }
 
     verify_targets(&fx, &docs, &BTreeSet::new()).await;
     assert!(fx
