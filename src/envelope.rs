@@ -235,7 +235,7 @@ pub fn content_differences(
     to: &RoutingVersion,
 ) -> Vec<String> {
     // Runs once per document of a full reconciliation: nothing is allocated unless the two
-    // differ.
+    // differ. The source's fields and the target's own are disjoint: no name twice.
     let ignored = |k: &str| bookkeeping(from, to).any(|b| b == k);
     let mut differing: Vec<String> = source
         .iter()
@@ -248,7 +248,6 @@ pub fn content_differences(
         .map(|(k, _)| k.clone())
         .collect();
     differing.sort_unstable();
-    differing.dedup();
     differing
 }
 
