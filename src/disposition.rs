@@ -77,6 +77,16 @@ pub fn of(
             reason: "the other version names no location".to_owned(),
         };
     };
+    // Scanning the target: where the source version places the id, here when it places it
+    // here among others (a fanout source listing this collection): then this document is the
+    // source's too, and nothing is to be carried back (`protocol::mirror_writes`).
+    let source_of = || {
+        if there.locations.contains(location) {
+            location.clone()
+        } else {
+            there_first.clone()
+        }
+    };
     match side {
         Side::Source if envelope::is_tombstone(doc) => Disposition::Tombstone { source: None },
         Side::Source if &there_first == location => Disposition::Stays {
@@ -90,13 +100,13 @@ pub fn of(
             sub_bucket: there.sub_bucket,
         },
         Side::Target if envelope::is_tombstone(doc) => Disposition::Tombstone {
-            source: Some((there_first, there.sub_bucket)),
+            source: Some((source_of(), there.sub_bucket)),
         },
         // A document the application wrote before the switch in a shared collection carries
         // no envelope of the target's: only what reshard wrote here is the target's.
         Side::Target if envelope::writer(doc).is_none() => Disposition::Foreign,
         Side::Target => Disposition::Placed {
-            source: there_first,
+            source: source_of(),
             sub_bucket: there.sub_bucket,
             pristine: envelope::is_pristine_copy(doc),
         },
@@ -277,6 +287,34 @@ mod tests {
         assert_eq!(
             of(Side::Target, &from, &to, &here, &copy),
             Disposition::Foreign
+        );
+    }
+
+    #[test]
+    fn a_target_document_a_fanout_source_also_places_here_names_this_location_as_its_source() {
+        let to = version(16, Some("bucket"));
+        let (id, _, there, _) = hot_id(true);
+        let other = if there.shard == "s1" { "s2" } else { "s1" };
+        let from = RoutingVersion::new(
+            "orders",
+            "customerId",
+            Layout::Fanout {
+                shards: vec![other.into(), there.shard.clone()],
+            },
+        );
+        let app = doc! { "_id": &id, "customerId": "hot", "_reshard": { "src": "app", "rev": 2 } };
+        // The fanout source lists the target's shard, though not first: one document for
+        // both sides, nothing to carry back to another of its shards.
+        let Disposition::Placed { source, .. } = of(Side::Target, &from, &to, &there, &app) else {
+            panic!("not placed");
+        };
+        assert_eq!(source, there);
+        assert_eq!(
+            crate::protocol::revert_action::<Document, Document>(
+                &of(Side::Target, &from, &to, &there, &app),
+                &there
+            ),
+            crate::protocol::RevertAction::InPlace
         );
     }
 }

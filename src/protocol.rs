@@ -29,6 +29,7 @@
 
 use crate::disposition::Disposition;
 use crate::phase::{Phase, ReadPath, WritePath};
+use crate::routing::Location;
 
 pub use crate::phase::Side;
 
@@ -722,21 +723,41 @@ pub fn cleanup_action(disposition: &Disposition, dead_letter_skipped: bool) -> C
     }
 }
 
+/// Whether a mirror ([`Step::MirrorToSource`]) writes the target image it read, found at
+/// `image_at`, to the source: not when the source version places the id at `image_at` too
+/// (`source_at`: every location it places the id at, one for a hashed layout, each listed
+/// shard for a fanout one). In a collection both layouts share, such an id has one document
+/// for both sides, so the source already holds the image; and the conditional replace would
+/// write an image read a moment earlier over that very document, where a newer application
+/// write may have landed meanwhile (its replace or tombstone drops `_reshard.mig`, so the
+/// mirror's condition lets the older image through: a lost update, or a resurrected
+/// delete). Found by the rollback test with the example application (reads in `reverting`
+/// one version behind, a deleted order back), and by the model once it had ids both layouts
+/// place in one collection.
+pub fn mirror_writes<L: PartialEq>(image_at: &L, source_at: &[L]) -> bool {
+    !source_at.contains(image_at)
+}
+
 /// What the revert copier does with a document it scanned in the target.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum RevertAction<D, U> {
     /// Carry it back: [`revert_copy_step`], whose first half (reading the target's image) is
     /// the scan itself.
     Write(Step<D, U>),
-    /// A pristine copy: the source holds the same document.
+    /// A pristine copy: the source holds the same document. Or the source version places the
+    /// id where it was scanned ([`mirror_writes`]): it is the source's document too.
     InPlace,
     /// Not the target's document here.
     Skip,
 }
 
-/// The revert copier's decision for one scanned target document.
-pub fn revert_action<D, U>(disposition: &Disposition) -> RevertAction<D, U> {
+/// The revert copier's decision for one document it scanned in the target at `scanned`.
+pub fn revert_action<D, U>(disposition: &Disposition, scanned: &Location) -> RevertAction<D, U> {
     match disposition {
+        Disposition::Placed { source, .. }
+        | Disposition::Tombstone {
+            source: Some((source, _)),
+        } if !mirror_writes(scanned, std::slice::from_ref(source)) => RevertAction::InPlace,
         Disposition::Placed {
             pristine: false, ..
         }
@@ -1073,6 +1094,37 @@ mod tests {
         let mut m2 = m.clone();
         assert!(m2.next(Some(Answer::Matched(false))).is_ok());
         assert_eq!(m2.interrupted(), Interrupted::MayHaveApplied);
+    }
+
+    #[test]
+    fn the_revert_copier_carries_back_only_what_the_source_does_not_hold_already() {
+        let (here, there) = (Location::new("s1", "orders"), Location::new("s2", "orders"));
+        let placed = |source: &Location, pristine| Disposition::Placed {
+            source: source.clone(),
+            sub_bucket: 0,
+            pristine,
+        };
+        let tombstone = |source: &Location| Disposition::Tombstone {
+            source: Some((source.clone(), 0)),
+        };
+        let action = |d: &Disposition| revert_action::<u8, u8>(d, &here);
+        let mirror = RevertAction::Write(Step::MirrorToSource);
+        // Scanned at `here`, placed by the source version elsewhere: carried back unless
+        // it is a pristine copy.
+        assert_eq!(action(&placed(&there, false)), mirror);
+        assert_eq!(action(&tombstone(&there)), mirror);
+        assert_eq!(action(&placed(&there, true)), RevertAction::InPlace);
+        // Placed `here` by both versions: one document, written or not since.
+        for d in [placed(&here, false), placed(&here, true), tombstone(&here)] {
+            assert_eq!(action(&d), RevertAction::InPlace, "{d:?}");
+        }
+        assert!(mirror_writes(&here, std::slice::from_ref(&there)));
+        assert!(!mirror_writes(&here, std::slice::from_ref(&here)));
+        assert!(!mirror_writes(&here, &[there.clone(), here.clone()]));
+        assert_eq!(
+            action(&Disposition::Tombstone { source: None }),
+            RevertAction::Skip
+        );
     }
 
     #[test]

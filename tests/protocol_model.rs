@@ -2,18 +2,21 @@
 //! after a lapse, and issue 13's silent, crashed and forgotten routers): every interleaving of
 //! two routers, the backfill copier, the cleaner, the revert copier, a repairer, the driver
 //! moving phases and sealing a rollback, and an operator forgetting a router, on a few
-//! operations over two or three ids, explored breadth first with state hashing.
+//! operations over two or three ids, some of them shared by both layouts, explored breadth
+//! first with state hashing.
 //!
 //! The actors run the product's own decisions from `reshard::protocol` (the operation machines;
 //! the workers' `backfill_action`, `cleanup_action`, `cleanup_decision` and `revert_action`, and
 //! their checkpoints' `BatchWindow`; the repair's `repair_copy_step` and `repair_replace_step`;
-//! `purge_tombstone_step`) against an in-memory store of two layouts whose single-document
-//! steps are atomic, as MongoDB makes them. The model only executes steps and decisions; it
-//! deviates, for the broken variants, only in its own executor and actors. A stored document
-//! knows whether it is a pristine copy (`_reshard.src = "copy"`, written by a copier and by no
-//! one since), which `revert_action` and `Step::ReplaceCopy` depend on. The workers classify
-//! what they scan by building a `Disposition` from the model's store (`disposition::of` needs
-//! real routing versions).
+//! `purge_tombstone_step`; the mirrors' `mirror_writes`) against an in-memory store of two
+//! layouts whose single-document steps are atomic, as MongoDB makes them. The model only
+//! executes steps and decisions; it deviates, for the broken variants, only in its own
+//! executor and actors. A stored document knows whether it is a pristine copy
+//! (`_reshard.src = "copy"`, written by a copier and by no one since), which `revert_action`
+//! and `Step::ReplaceCopy` depend on. The workers classify what they scan by building a
+//! `Disposition` from the model's store and its locations (`disposition::of` needs real
+//! routing versions): the source version places a moving id on one shard, the target version
+//! on another, and both place a shared id in one collection.
 //!
 //! What is modelled:
 //! - routers: every step of an operation is an action of its own. A router serves on the phase
@@ -105,7 +108,20 @@
 //!   cleanup, whichever the interleaving gives;
 //! - documents that cannot be routed (`Workload::unroutable`): no router can address them, the
 //!   copier dead-letters them (an operator skips the dead letter), cleanup keeps them, and
-//!   they stay in the source however the migration ends.
+//!   they stay in the source however the migration ends;
+//! - shared ids (`Workload::shared`): ids that both versions place in one collection both
+//!   layouts share, so their source and target document are one (`Store::shared`: every step,
+//!   on either side, reaches the same slot). The backfill finds such a document in place
+//!   (`Disposition::Stays`), cleanup keeps it, reconciliation finds it right (a staying
+//!   document is judged by its routing field) so the repair leaves it, the removal of the
+//!   target layout after a rollback leaves it, and each tombstone purge acts on the one
+//!   document. In `reverting` no mirror writes it: the router's executor asks `mirror_writes`
+//!   whether the image was found where the source version places the id, and if so is done
+//!   without a write (`router::exec::mirror_to_source`); the revert copier hands
+//!   `revert_action` the location it scanned. Its stamp (`_reshard.mig`) follows the
+//!   product's writes: a replace, a tombstone or an insert drops it, an update keeps it, a
+//!   `rolled_back` source write sets it. The revert copier's scan reads a document no one
+//!   wrote through reshard (revision 0) as the other layout's, as `disposition::of` does.
 //!
 //! The checks, after every step:
 //! - the history of every id is linearizable against a plain key-value specification (every
@@ -113,18 +129,20 @@
 //!   the set of abstract states some linearization of the history so far can be in;
 //! - a read started at this instant, along every read path a router may be using, returns a
 //!   value one of those linearizations allows;
-//! - no actor but a router writing the source layout removes a source document while the
-//!   target holds neither a copy nor a tombstone of it;
+//! - no actor but a router writing the source layout (or, for a shared id's one document, any
+//!   router: the application's delete) removes a source document while the target holds
+//!   neither a copy nor a tombstone of it;
 //! - a repair never overwrites the application's write or a tombstone;
 //! - an operation machine never rejects an answer or gives up, and a worker decision never
 //!   dead-letters a routable document.
 //!
 //! And in every final state: the migration ended (`completed` or `rolled_back`, or, with a lost
-//! copy, stopped by cleanup); after cleanup only target documents remain (and the documents
-//! that cannot be routed, in the source) and no tombstone is left; after a rollback it is
-//! sealed, the source's purge ran, and the source holds the data and no tombstone. With a
-//! lost copy the reads are wrong by construction until a repair, so only cleanup's safety,
-//! the repair's writes and the final state are checked there.
+//! copy, stopped by cleanup); after cleanup only target documents remain (a shared id's
+//! document is one, and the documents that cannot be routed stay in the source) and no
+//! tombstone is left; after a rollback it is sealed, the source's purge ran, and the source
+//! holds the data and no tombstone (in a shared id's document neither). With a lost copy the
+//! reads are wrong by construction until a repair, so only cleanup's safety, the repair's
+//! writes and the final state are checked there.
 //!
 //! Deliberately broken variants (`Broken`: the copier overwrites, first or only when it
 //! executes a batch again; a delete writes no tombstone; cleanup deletes without looking, or
@@ -137,12 +155,14 @@
 //! the seal; the source's purge runs before every router acknowledged the seal; an operator
 //! forgets a router whose lease is live, which serves on while the driver moves past it; the
 //! checkpoint passes a batch that did not settle well, recording the batch after it; the
-//! checkpoint records a batch that settled well before the batches sent before it settled)
-//! must each be caught, so that a clean run of the real protocol means something.
+//! checkpoint records a batch that settled well before the batches sent before it settled; a
+//! router's mirror, or the revert copier's, writes into a shared id's one document) must each
+//! be caught, so that a clean run of the real protocol means something.
 //!
-//! Not modelled: documents that stay (a collection both layouts share, where a staying
-//! document is one physical slot for both sides and is stamped rather than copied); misplaced
-//! documents and their repair; fanout layouts (a document at several locations); more than one
+//! Not modelled: the routing field a staying document is stamped with (the model's layouts
+//! have none: `Disposition::Stays { stamp: None }`); misplaced documents and their repair;
+//! fanout layouts (a document at several locations: the model has one location per id and
+//! side, so a mirror asks `mirror_writes` about the source's one location); more than one
 //! partition per worker, and more than three batches per partition (the model's scan reads
 //! ahead without a bound, a superset of the product's reader, at most two batches ahead);
 //! the checkpoint statement's own delay or failure, and what it carries besides the position
@@ -167,26 +187,31 @@
 //! itself and with one lease expiry, one transient failure, one worker kill, a lost copy, a
 //! third, unroutable document, one crash and one forget, and one lease expiry and one forget;
 //! and, on its first two operations per router, with the partitions in two batches of one id
-//! each, with one transient failure and with one kill. With `RESHARD_HEAVY_TESTS=1` (CI sets
+//! each, with one transient failure and with one kill; and with one id shared (either): on
+//! the first two operations per router, by itself and with one lease expiry, and on the full
+//! `updates_and_deletes` and `deletes_and_recreations`. With `RESHARD_HEAVY_TESTS=1` (CI sets
 //! it) two more workloads (one on three ids) and combinations of the faults run; for the
 //! batches: the full workloads with a transient failure or a kill, a transient failure with a
 //! lease expiry or with a kill, a lost copy with a kill, and three batches of one id each (two
-//! in flight at most). Figures: BENCHMARKS.md, "Protocol model" (the batch runs: the test
-//! output).
+//! in flight at most); for shared ids: batches with a transient failure, a kill, a lost copy,
+//! both ids shared, a shared id created during the migration, an unroutable document, and a
+//! lease expiry on the full workload. Figures: BENCHMARKS.md, "Protocol model" (the batch and
+//! shared-id runs: the test output).
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use reshard::disposition::Disposition;
 use reshard::phase::{Gate, Phase, WritePath};
 use reshard::protocol::{
     backfill_action, cleanup_action, cleanup_decision, cleanup_delete_step, cleanup_lookup_step,
-    copy_result, purge_tombstone_step, repair_copy_step, repair_replace_step, revert_action,
-    Answer, BackfillAction, BatchWindow, CleanupAction, CleanupDecision, Found, Interrupted, Next,
-    Operation, OperationMachine, Outcome, Payload, RevertAction, Side, Step,
+    copy_result, mirror_writes, purge_tombstone_step, repair_copy_step, repair_replace_step,
+    revert_action, Answer, BackfillAction, BatchWindow, CleanupAction, CleanupDecision, Found,
+    Interrupted, Next, Operation, OperationMachine, Outcome, Payload, RevertAction, Side, Step,
 };
 use reshard::routing::Location;
 
@@ -251,21 +276,56 @@ impl Slot {
     }
 }
 
+/// The model's collection, on two shards. The source version places a moving id on s1 and
+/// the target version on s2; both place a shared id on s2, in the collection both layouts
+/// share, where it is one document (`Store::shared`).
+static ON_S1: LazyLock<Location> = LazyLock::new(|| Location::new("s1", "orders"));
+static ON_S2: LazyLock<Location> = LazyLock::new(|| Location::new("s2", "orders"));
+
+/// A location no routing version of the model places anything at: what the broken
+/// `RevertCopyIntoSharedDocument` hands `revert_action` as the location it scanned.
+static ELSEWHERE: LazyLock<Location> = LazyLock::new(|| Location::new("s9", "elsewhere"));
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Store {
-    source: [Slot; IDS],
-    target: [Slot; IDS],
+    /// Per id, the document where the source version places it, and where the target version
+    /// does. A shared id has one document for both, kept in `source_slots` (its
+    /// `target_slots` entry stays absent). Read and written through [`Store::get`] and
+    /// [`Store::slot`] only; the fingerprint and the probe reads' memo take them raw.
+    source_slots: [Slot; IDS],
+    target_slots: [Slot; IDS],
     /// Whether the source document is stamped as this migration's (`_reshard.mig`): written
     /// by a mirror, or by a router applying `rolled_back`. Mirrors compare revisions only
     /// with such documents; any other source document is older than every target version.
     mirrored: [bool; IDS],
+    /// The workload's shared ids (`Workload::shared`): ids that both routing versions place in
+    /// one collection both layouts share, so that their source and their target document are
+    /// one. Constant through an exploration, so the fingerprint leaves it out.
+    shared: [bool; IDS],
 }
 
 impl Store {
+    /// The document `side`'s version places for `id`: for a shared id, one document whatever
+    /// the side.
     fn slot(&mut self, side: Side, id: usize) -> &mut Slot {
         match side {
-            Side::Source => &mut self.source[id],
-            Side::Target => &mut self.target[id],
+            Side::Target if !self.shared[id] => &mut self.target_slots[id],
+            Side::Source | Side::Target => &mut self.source_slots[id],
+        }
+    }
+
+    fn get(&self, side: Side, id: usize) -> Slot {
+        match side {
+            Side::Target if !self.shared[id] => self.target_slots[id],
+            Side::Source | Side::Target => self.source_slots[id],
+        }
+    }
+
+    /// Where `side`'s version places `id`: for a shared id, one location whatever the side.
+    fn location(&self, side: Side, id: usize) -> &'static Location {
+        match side {
+            Side::Source if !self.shared[id] => &ON_S1,
+            Side::Source | Side::Target => &ON_S2,
         }
     }
 }
@@ -293,19 +353,25 @@ fn written(prev: Slot, payload: &Payload<u8>, source_rev: u8) -> Slot {
 /// Executes one single-document step atomically. `MirrorToSource` is two steps and is run by
 /// the actors through [`mirror_read`] and [`mirror_write`].
 fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
-    let before = store.source[id];
+    let before = store.get(Side::Source, id);
     let answer = execute_step(store, id, step);
-    // A source-path write replaces `_reshard`, so the document it wrote is no longer a
-    // mirror's; one that matched nothing leaves the document, and its stamp, as they were.
-    // (A router applying `rolled_back` stamps it again: `Model::router_execute`.)
-    if store.source[id] != before {
+    // A write that matched nothing leaves the source document, and its stamp, as they were.
+    // One that changed it: a replace, a tombstone or an insert builds the document afresh,
+    // without `_reshard.mig`; an update (`$set`, `$inc`) keeps it. A moving id's source
+    // document loses the stamp on any change all the same: once a mirror may have stamped
+    // it, the only router that writes it applies `rolled_back` and stamps it again
+    // (`Model::router_execute`), and workers only delete, so whether an update keeps it never
+    // shows. A shared id's document is written through the target path too, by routers in
+    // `reverting` among the mirrors, and there the model keeps the product's distinction.
+    let keeps_stamp = store.shared[id] && matches!(step, Step::UpdateLive(..));
+    if store.get(Side::Source, id) != before && !keeps_stamp {
         store.mirrored[id] = false;
     }
     answer
 }
 
 fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
-    let source_rev = store.source[id].rev().unwrap_or(0);
+    let source_rev = store.get(Side::Source, id).rev().unwrap_or(0);
     match step {
         Step::Find(side) => Answer::Found(store.slot(*side, id).found()),
         Step::Insert(side, payload) => {
@@ -384,7 +450,21 @@ fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
 
 /// The mirror's first single-document step: read the target document with its revision.
 fn mirror_read(store: &Store, id: usize) -> Slot {
-    store.target[id]
+    store.get(Side::Target, id)
+}
+
+/// Whether a router's mirror, having read `image`, is done without its second step, as
+/// `router::exec::mirror_to_source` is when `mirror_writes` says the image was found where the
+/// source version places the id (a shared id: the image is the source's document). An
+/// absent image is answered by the second step, as before. `ignored`: the broken
+/// `MirrorIntoSharedDocument`, which writes whatever `mirror_writes` says.
+fn mirror_in_place(store: &Store, id: usize, image: Slot, ignored: bool) -> bool {
+    image != Slot::Absent
+        && !ignored
+        && !mirror_writes(
+            store.location(Side::Target, id),
+            std::slice::from_ref(store.location(Side::Source, id)),
+        )
 }
 
 /// The mirror's second step: the conditional upsert into the source of the image. `rule` other
@@ -397,10 +477,10 @@ fn mirror_write(store: &mut Store, id: usize, image: Slot, rule: MirrorRule) -> 
         // The product's filter: `_reshard.mig` differs (a source document no mirror of this
         // migration wrote is older than any target version) or its revision is lower.
         MirrorRule::Product => {
-            !store.mirrored[id] || store.source[id].rev().is_none_or(|r| r < rev)
+            !store.mirrored[id] || store.get(Side::Source, id).rev().is_none_or(|r| r < rev)
         }
         // Broken: revisions compared across the sides, as if one counter ran on both.
-        MirrorRule::RawRevision => store.source[id].rev().is_none_or(|r| r < rev),
+        MirrorRule::RawRevision => store.get(Side::Source, id).rev().is_none_or(|r| r < rev),
         // Broken: whatever the mirror read wins.
         MirrorRule::Overwrite => true,
     };
@@ -410,7 +490,7 @@ fn mirror_write(store: &mut Store, id: usize, image: Slot, rule: MirrorRule) -> 
         // disposition, the repair, reconciliation's content check look at the source's
         // fields and the target's writer), so the model keeps the flag to the target, where
         // it counts, and spares the states that differ only by it.
-        store.source[id] = match image {
+        *store.slot(Side::Source, id) = match image {
             Slot::Live { v, rev, .. } => Slot::Live {
                 v,
                 rev,
@@ -851,11 +931,21 @@ enum Broken {
     /// settled: a re-execution (after one of them failed, or a kill and takeover) skips
     /// those that never landed.
     CheckpointAheadOfEarlierBatches,
+    /// A router's mirror writes into the document a shared id has for both sides, ignoring
+    /// `mirror_writes` (the product's bug before it): the image, read a moment earlier,
+    /// overwrites that very document, where another router's write may have landed meanwhile
+    /// (a replace or a tombstone drops `_reshard.mig`, and a document no mirror stamped yet
+    /// has none): a lost update, or a delete brought back.
+    MirrorIntoSharedDocument,
+    /// The same bug in the revert copier: it decides as if it had scanned another location
+    /// than the source's (`revert_action` did not ask before), and carries the image its scan
+    /// read over the shared document, where a router's write may have landed since.
+    RevertCopyIntoSharedDocument,
 }
 
 #[derive(Clone, Debug)]
 struct Workload {
-    name: &'static str,
+    name: String,
     initial: [Option<u8>; IDS],
     ids: usize,
     ops: [Vec<(usize, Op)>; ROUTERS],
@@ -863,6 +953,12 @@ struct Workload {
     /// or of a type reshard does not route): no router can address it, the backfill
     /// dead-letters it (and an operator skips the dead letter), cleanup keeps it.
     unroutable: Option<usize>,
+    /// Ids that both routing versions place in one collection both layouts share (v1 places
+    /// the tenant on s2/orders, and v2 some of its ids there too): each has one document for
+    /// both sides (`Store::shared`). The backfill leaves it where it is, cleanup keeps it,
+    /// neither the repair nor the removal of the target layout after a rollback touches it,
+    /// and no mirror writes it (`mirror_writes`).
+    shared: [bool; IDS],
 }
 
 #[derive(Clone, Debug)]
@@ -1051,17 +1147,6 @@ macro_rules! say {
     };
 }
 
-/// Where the target version places the model's moving documents, for the dispositions the
-/// workers hand the protocol (the model has one target location).
-fn target_location() -> Location {
-    Location::new("t", "c")
-}
-
-/// Where the source version places them.
-fn source_location() -> Location {
-    Location::new("s", "c")
-}
-
 impl<'a> Model<'a> {
     fn new(cfg: &'a Setup) -> Self {
         assert!(
@@ -1146,8 +1231,9 @@ impl<'a> Model<'a> {
     fn read(&self, store: &Store, id: usize, phase: Phase) -> Checked<Option<u8>> {
         let key = phase as u64
             | u64::from(store.mirrored[id]) << 4
-            | store.source[id].bits() << 5
-            | store.target[id].bits() << 24;
+            | store.source_slots[id].bits() << 5
+            | store.target_slots[id].bits() << 24
+            | u64::from(store.shared[id]) << 43;
         if let Some(value) = self.reads.borrow().get(&key) {
             return value.clone();
         }
@@ -1156,6 +1242,7 @@ impl<'a> Model<'a> {
             id,
             phase,
             self.broken(Broken::RevertSwitchReadsSourceOnly),
+            self.broken(Broken::MirrorIntoSharedDocument),
         );
         self.reads.borrow_mut().insert(key, value.clone());
         value
@@ -1204,9 +1291,10 @@ impl<'a> Model<'a> {
             crashes_left: self.cfg.crashes,
             forgets_left: self.cfg.forgets,
             store: Store {
-                source,
-                target: [Slot::Absent; IDS],
+                source_slots: source,
+                target_slots: [Slot::Absent; IDS],
                 mirrored: [false; IDS],
+                shared: w.shared,
             },
             lin,
         }
@@ -1218,6 +1306,10 @@ impl<'a> Model<'a> {
 
     fn unroutable(&self, id: usize) -> bool {
         self.cfg.workload.unroutable == Some(id)
+    }
+
+    fn shared(&self, id: usize) -> bool {
+        self.cfg.workload.shared[id]
     }
 
     fn broken(&self, b: Broken) -> bool {
@@ -1631,16 +1723,21 @@ impl<'a> Model<'a> {
             Act::Repair => self.repair(s, log)?,
         }
         self.forget_the_dead_target(s);
-        if !source_writer {
-            for id in 0..IDS {
-                let removed = matches!(before.source[id], Slot::Live { .. })
-                    && !matches!(s.store.source[id], Slot::Live { .. });
-                if removed && s.store.target[id] == Slot::Absent {
-                    return Err(format!(
-                        "source document {id} removed while the target holds neither a copy \
-                         nor a tombstone"
-                    ));
-                }
+        // A router writing the source layout removes a source document when the application
+        // deletes it; so does any router a shared id's, whose one document is the source's
+        // whichever path writes it. Anyone else (a worker) must leave a copy or a tombstone.
+        let router = matches!(act, Act::Start(_) | Act::Step(_));
+        for id in 0..IDS {
+            if source_writer || (router && self.shared(id)) {
+                continue;
+            }
+            let removed = matches!(before.get(Side::Source, id), Slot::Live { .. })
+                && !matches!(s.store.get(Side::Source, id), Slot::Live { .. });
+            if removed && s.store.get(Side::Target, id) == Slot::Absent {
+                return Err(format!(
+                    "source document {id} removed while the target holds neither a copy nor \
+                     a tombstone"
+                ));
             }
         }
         Ok(())
@@ -1651,7 +1748,10 @@ impl<'a> Model<'a> {
     /// does, through its reads' mirrors) and no mirror can land in the source: the model
     /// empties the dead target and forgets which source documents a mirror or a stamp wrote,
     /// and ends a copier batch that outlived the rollback (dropping its orphans), sparing the
-    /// states that differ only there. A router counted out renews into `rolled_back`.
+    /// states that differ only there. A router counted out renews into `rolled_back`. A shared
+    /// id's document stays: it belongs to both layouts, and the product's removal of the
+    /// target layout (`finish::remove_target_layout`) deletes from a shared collection only
+    /// what the target version alone places there.
     fn forget_the_dead_target(&self, s: &mut State) {
         let dead = s.phase == Phase::RolledBack
             && !s.workers[W::Reverter as usize].orphaned()
@@ -1661,7 +1761,10 @@ impl<'a> Model<'a> {
         if !dead {
             return;
         }
-        s.store.target = [Slot::Absent; IDS];
+        let shared = s.store.shared;
+        for id in (0..IDS).filter(|&id| !shared[id]) {
+            *s.store.slot(Side::Target, id) = Slot::Absent;
+        }
         s.store.mirrored = [false; IDS];
         let copier = s.worker(W::Copier);
         if copier.stage != Stage::Done || copier.orphaned() {
@@ -1775,11 +1878,18 @@ impl<'a> Model<'a> {
             Pend::Step(Step::MirrorToSource) => {
                 let image = mirror_read(&s.store, id);
                 say!(log, "mirror reads {image:?} from the target");
-                s.routers[r].run = Some(self.runs.number(Run {
-                    machine,
-                    pend: Pend::MirrorWrite(image),
-                }));
-                return Ok(());
+                let ignored = self.broken(Broken::MirrorIntoSharedDocument);
+                if mirror_in_place(&s.store, id, image, ignored) {
+                    say!(log, ", where the source keeps it: done without a write; ");
+                    self.note(Event::MirroredInPlace);
+                    Answer::Matched(true)
+                } else {
+                    s.routers[r].run = Some(self.runs.number(Run {
+                        machine,
+                        pend: Pend::MirrorWrite(image),
+                    }));
+                    return Ok(());
+                }
             }
             Pend::Step(step) => {
                 let (a, how) = self.router_execute(&mut s.store, id, &step, phase);
@@ -1803,9 +1913,9 @@ impl<'a> Model<'a> {
         phase: Phase,
     ) -> (Answer<u8>, &'static str) {
         if phase == Phase::RolledBack && !self.broken(Broken::RolledBackWritesUnstamped) {
-            let before = store.source[id];
+            let before = store.get(Side::Source, id);
             let a = execute(store, id, step);
-            if store.source[id] != before {
+            if store.get(Side::Source, id) != before {
                 store.mirrored[id] = true;
             }
             return (a, "");
@@ -1874,7 +1984,12 @@ impl<'a> Model<'a> {
 
     /// What a source document read at `id` is to the migration, for the protocol's worker
     /// decisions, with its value (a tombstone carries none; every decision skips it).
-    fn source_disposition(&self, id: usize, found: &Found<u8>) -> Option<(Disposition, u8)> {
+    fn source_disposition(
+        &self,
+        store: &Store,
+        id: usize,
+        found: &Found<u8>,
+    ) -> Option<(Disposition, u8)> {
         let v = match *found {
             Found::Absent => return None,
             Found::Live(v) => v,
@@ -1886,11 +2001,18 @@ impl<'a> Model<'a> {
             let reason = "its tenant key cannot be routed".to_owned();
             return Some((Disposition::Unroutable { reason }, v));
         }
+        let (here, there) = (
+            store.location(Side::Source, id),
+            store.location(Side::Target, id),
+        );
         Some(match found {
             Found::Tombstone => (Disposition::Tombstone { source: None }, v),
+            // A shared id: the target version places it where it is. The model's layouts have
+            // no routing field, so there is none to stamp.
+            _ if there == here => (Disposition::Stays { stamp: None }, v),
             _ => (
                 Disposition::Moves {
-                    target: target_location(),
+                    target: there.clone(),
                     sub_bucket: 0,
                 },
                 v,
@@ -1898,17 +2020,26 @@ impl<'a> Model<'a> {
         })
     }
 
-    /// What a target image read at an id is to the migration, for `revert_action`.
-    fn target_disposition(image: Slot) -> Option<Disposition> {
+    /// What a target image read at `id` is to the migration, for `revert_action`. A live
+    /// document no one wrote through reshard (revision 0 and not a copy: a shared id's
+    /// document as the source layout left it; a moving id's target never holds one) carries
+    /// no writer, which `disposition::of` reads as a document of the other layout.
+    fn target_disposition(store: &Store, id: usize, image: Slot) -> Option<Disposition> {
+        let source = store.location(Side::Source, id);
         match image {
             Slot::Absent => None,
+            Slot::Live {
+                rev: 0,
+                copy: false,
+                ..
+            } => Some(Disposition::Foreign),
             Slot::Live { copy, .. } => Some(Disposition::Placed {
-                source: source_location(),
+                source: source.clone(),
                 sub_bucket: 0,
                 pristine: copy,
             }),
             Slot::Tomb { .. } => Some(Disposition::Tombstone {
-                source: Some((source_location(), 0)),
+                source: Some((source.clone(), 0)),
             }),
         }
     }
@@ -2090,10 +2221,10 @@ impl<'a> Model<'a> {
             unreachable!("a find answers found")
         };
         say!(log, "reads source id {id}: {found:?}");
-        let Some((disposition, doc)) = self.source_disposition(id, &found) else {
+        let Some((disposition, doc)) = self.source_disposition(&s.store, id, &found) else {
             return Ok(());
         };
-        let stamp = |_: &str, _: i32| -> Add { unreachable!("no document stays in the model") };
+        let stamp = |_: &str, _: i32| -> Add { unreachable!("the model has no routing field") };
         let b = s.worker(W::Copier);
         match backfill_action(&disposition, doc, stamp) {
             BackfillAction::Write(step) => {
@@ -2115,9 +2246,8 @@ impl<'a> Model<'a> {
                 }
                 say!(log, " -> dead letter ({reason}); an operator skips it");
             }
-            BackfillAction::InPlace | BackfillAction::Skip => {
-                say!(log, " -> nothing to write");
-            }
+            BackfillAction::InPlace => say!(log, " -> in place: nothing to write"),
+            BackfillAction::Skip => say!(log, " -> nothing to write"),
         }
         Ok(())
     }
@@ -2128,10 +2258,12 @@ impl<'a> Model<'a> {
             unreachable!("a find answers found")
         };
         say!(log, "reads source id {id}: {found:?}");
-        let Some((disposition, _)) = self.source_disposition(id, &found) else {
+        let Some((disposition, _)) = self.source_disposition(&s.store, id, &found) else {
             return;
         };
-        // Every unroutable id's dead letter was skipped by an operator: never copied.
+        // Every unroutable id's dead letter was skipped by an operator: never copied. A shared
+        // id stays: kept (were it looked up, the lookup would find its one document, and the
+        // delete would remove it, which `apply` reports).
         let action = cleanup_action(&disposition, self.unroutable(id));
         say!(log, " -> {action:?}");
         let delete = Some(Stmt::Step(self.steps.number(cleanup_delete_step())));
@@ -2185,11 +2317,20 @@ impl<'a> Model<'a> {
     fn reverter_read(&self, s: &mut State, id: usize, log: &mut Log) {
         let image = mirror_read(&s.store, id);
         say!(log, "reads target id {id}: {image:?}");
-        let Some(disposition) = Self::target_disposition(image) else {
+        let Some(disposition) = Self::target_disposition(&s.store, id, image) else {
             return;
         };
+        // The copier scanned the id's target location. Broken: a location no version places
+        // anything at, which has `revert_action` decide as it did before it asked (it compares
+        // the scanned location with the id's source location, through `mirror_writes`).
+        let scanned: &Location = if self.broken(Broken::RevertCopyIntoSharedDocument) {
+            &ELSEWHERE
+        } else {
+            s.store.location(Side::Target, id)
+        };
+        let shared = s.store.shared[id];
         let b = s.worker(W::Reverter);
-        match revert_action::<u8, Add>(&disposition) {
+        match revert_action::<u8, Add>(&disposition, scanned) {
             RevertAction::Write(step) => {
                 assert_eq!(step, Step::MirrorToSource, "the revert copier only mirrors");
                 let rule = if self.broken(Broken::RevertReexecutionOverwrites) && b.again {
@@ -2202,6 +2343,9 @@ impl<'a> Model<'a> {
                 b.stmts[id] = Some(stmt);
             }
             action @ (RevertAction::InPlace | RevertAction::Skip) => {
+                if shared && action == RevertAction::InPlace {
+                    self.note(Event::RevertedInPlace);
+                }
                 say!(log, " -> {action:?}");
             }
         }
@@ -2257,8 +2401,9 @@ impl<'a> Model<'a> {
                 }
             }
             Stmt::Overwrite(v) => {
-                let source_rev = s.store.source[id].rev().unwrap_or(0);
-                s.store.target[id] = written(s.store.target[id], &Payload::Copy(*v), source_rev);
+                let source_rev = s.store.get(Side::Source, id).rev().unwrap_or(0);
+                let slot = s.store.slot(Side::Target, id);
+                *slot = written(*slot, &Payload::Copy(*v), source_rev);
                 say!(log, "overwrites target id {id} with a copy of {v} (broken)");
             }
             Stmt::Mirror(image, rule) => {
@@ -2343,8 +2488,15 @@ impl<'a> Model<'a> {
             RepairAt::Idle => {
                 // Reconciliation's finding (its sampling aside): compares both sides at once,
                 // which is harmless, for the repair reads the source again and its writes are
-                // conditional. Dead letters are outside its scope.
-                let stale = match (s.store.source[id], s.store.target[id]) {
+                // conditional. It judges a document that moves against its target image; dead
+                // letters are outside its scope, and a document that stays (a shared id) is
+                // judged by its routing field, which the model does not have: found right.
+                let source = s.store.get(Side::Source, id);
+                let moves = matches!(
+                    self.source_disposition(&s.store, id, &source.found()),
+                    Some((Disposition::Moves { .. }, _))
+                );
+                let stale = match (source, s.store.get(Side::Target, id)) {
                     (Slot::Live { .. }, Slot::Absent) => true,
                     (
                         Slot::Live { v, .. },
@@ -2354,7 +2506,7 @@ impl<'a> Model<'a> {
                     ) => v != t,
                     _ => false,
                 };
-                if stale && !self.unroutable(id) {
+                if stale && moves {
                     say!(log, "repairer: reconciliation finds target id {id} wrong");
                     s.repair_at = RepairAt::Found;
                 } else {
@@ -2366,8 +2518,13 @@ impl<'a> Model<'a> {
                 let step: MStep = Step::Find(Side::Source);
                 let a = execute(&mut s.store, id, &step);
                 say!(log, "repairer: reads source id {id}: {a:?}");
-                match a {
-                    Answer::Found(Found::Live(v)) => s.repair_at = RepairAt::Read(v),
+                // As `reconcile::repair_from_source`: only a document that moves is copied
+                // again; one that stays would get its routing field.
+                let Answer::Found(found) = a else {
+                    unreachable!("a find answers found")
+                };
+                match self.source_disposition(&s.store, id, &found) {
+                    Some((Disposition::Moves { .. }, v)) => s.repair_at = RepairAt::Read(v),
                     _ => next_id(s),
                 }
             }
@@ -2396,10 +2553,10 @@ impl<'a> Model<'a> {
         step: MStep,
         log: &mut Log,
     ) -> Checked<Answer<u8>> {
-        let before = s.store.target[id];
+        let before = s.store.get(Side::Target, id);
         let a = execute(&mut s.store, id, &step);
         say!(log, "repairer: {step:?} on id {id} -> {a:?}");
-        let after = s.store.target[id];
+        let after = s.store.get(Side::Target, id);
         s.repaired |= after != before;
         let owned = matches!(before, Slot::Tomb { .. } | Slot::Live { copy: false, .. });
         if owned && after != before {
@@ -2462,11 +2619,14 @@ impl<'a> Model<'a> {
         let ids = self.cfg.workload.ids;
         match s.phase {
             Phase::Completed => {
+                // A shared id's one document is a target document too: cleanup keeps it, and
+                // the tombstone rule holds for it as for any.
                 for id in 0..ids {
-                    if s.store.source[id] != Slot::Absent && !self.unroutable(id) {
+                    let moved = !self.unroutable(id) && !self.shared(id);
+                    if moved && s.store.get(Side::Source, id) != Slot::Absent {
                         return Err(format!("cleanup ended with id {id} still in the source"));
                     }
-                    if let Slot::Tomb { .. } = s.store.target[id] {
+                    if let Slot::Tomb { .. } = s.store.get(Side::Target, id) {
                         return Err(format!("cleanup ended with a tombstone of id {id}"));
                     }
                 }
@@ -2480,7 +2640,7 @@ impl<'a> Model<'a> {
                     ));
                 }
                 for id in 0..ids {
-                    if let Slot::Tomb { .. } = s.store.source[id] {
+                    if let Slot::Tomb { .. } = s.store.get(Side::Source, id) {
                         return Err(format!("the rollback ended with a tombstone of id {id}"));
                     }
                 }
@@ -2494,10 +2654,10 @@ impl<'a> Model<'a> {
         // was, as it was: in the source.
         let initial = self.initial();
         for id in (0..ids).filter(|&id| self.unroutable(id)) {
-            if s.store.source[id] != initial.store.source[id] {
+            let now = s.store.get(Side::Source, id);
+            if now != initial.store.get(Side::Source, id) {
                 return Err(format!(
-                    "the unroutable document {id} did not stay in the source: {:?}",
-                    s.store.source[id]
+                    "the unroutable document {id} did not stay in the source: {now:?}"
                 ));
             }
         }
@@ -2510,9 +2670,16 @@ impl<'a> Model<'a> {
 
 /// A `get` run to completion at one instant, along `phase`'s read path, on a scratch copy of
 /// the store: the probe observes, its mirror (while rolling back, and in the revert switch)
-/// changes nothing that counts. `source_only`: the broken `revert_switch` read, whose mirror
-/// the executor skips.
-fn read(store: &Store, id: usize, phase: Phase, source_only: bool) -> Checked<Option<u8>> {
+/// changes nothing that counts. Its mirror is the router's executor's, done without a write
+/// where `mirror_writes` says so. `source_only`: the broken `revert_switch` read, whose mirror
+/// the executor skips; `in_place_ignored`: the broken `MirrorIntoSharedDocument`.
+fn read(
+    store: &Store,
+    id: usize,
+    phase: Phase,
+    source_only: bool,
+    in_place_ignored: bool,
+) -> Checked<Option<u8>> {
     let mut store = *store;
     let mut machine = Machine::new(phase, Operation::Get);
     let mut next = machine.next(None).map_err(|e| e.to_string())?;
@@ -2525,7 +2692,11 @@ fn read(store: &Store, id: usize, phase: Phase, source_only: bool) -> Checked<Op
             }
             Next::Do(Step::MirrorToSource) => {
                 let image = mirror_read(&store, id);
-                let answer = mirror_write(&mut store, id, image, MirrorRule::Product);
+                let answer = if mirror_in_place(&store, id, image, in_place_ignored) {
+                    Answer::Matched(true)
+                } else {
+                    mirror_write(&mut store, id, image, MirrorRule::Product)
+                };
                 next = machine.next(Some(answer)).map_err(|e| e.to_string())?;
             }
             Next::Do(step) => {
@@ -2579,6 +2750,10 @@ enum Event {
     KilledWithTwoBatchesInFlight,
     /// A worker noticed mid-partition that the phase moved, and released the partition.
     NoticedThePhase,
+    /// A router's mirror of a shared id was done without a write (`mirror_writes`).
+    MirroredInPlace,
+    /// The revert copier found a shared id's document in place (`revert_action`).
+    RevertedInPlace,
 }
 
 /// 64 bits: the chance that two of n states share a fingerprint (and one goes unexplored) is
@@ -2610,10 +2785,12 @@ fn fingerprint(s: &State) -> u64 {
         store,
         lin,
     } = s;
+    // The shared ids are the workload's, the same in every state of an exploration.
     let Store {
-        source,
-        target,
+        source_slots,
+        target_slots,
         mirrored,
+        shared: _,
     } = store;
     let mut words = [0_u64; 19];
     let repair = match *repair_at {
@@ -2633,8 +2810,8 @@ fn fingerprint(s: &State) -> u64 {
         | u64::from(*transients_left) << 48
         | u64::from(*kills_left) << 56;
     for id in 0..IDS {
-        words[1] |= source[id].bits() << (19 * id) | u64::from(mirrored[id]) << (57 + id);
-        words[2] |= target[id].bits() << (19 * id);
+        words[1] |= source_slots[id].bits() << (19 * id) | u64::from(mirrored[id]) << (57 + id);
+        words[2] |= target_slots[id].bits() << (19 * id);
     }
     words[3] = u64::from(lin[0]) | u64::from(lin[1]) << 32;
     words[4] = u64::from(lin[2])
@@ -2933,18 +3110,28 @@ fn explore(cfg: &Setup) -> Report {
 /// Replays `acts` from the initial state, one line per step.
 fn trace(model: &Model<'_>, acts: &[Act]) -> String {
     let mut s = model.initial();
+    let ids = model.cfg.workload.ids;
     let mut out = String::new();
+    let shared: Vec<usize> = (0..ids).filter(|&id| model.shared(id)).collect();
+    if !shared.is_empty() {
+        let _ = writeln!(
+            out,
+            "  (ids {shared:?} are shared: one document for both sides, shown on both lines)"
+        );
+    }
     for (i, act) in acts.iter().enumerate() {
         let mut log = Log::on();
         let result = model.apply(&mut s, *act, &mut log);
+        let side = |side: Side| -> Vec<Slot> { (0..ids).map(|id| s.store.get(side, id)).collect() };
         let _ = writeln!(
             out,
-            "  {:>3}. [{}] {}\n       source {:?}\n       target {:?}",
+            "  {:>3}. [{}] {}\n       source {:?} mirrored {:?}\n       target {:?}",
             i + 1,
             s.phase,
             log.text,
-            &s.store.source[..model.cfg.workload.ids],
-            &s.store.target[..model.cfg.workload.ids],
+            side(Side::Source),
+            &s.store.mirrored[..ids],
+            side(Side::Target),
         );
         if let Err(why) = result {
             let _ = writeln!(out, "       !! {why}");
@@ -2965,7 +3152,7 @@ fn replace(doc: u8, upsert: bool) -> Op {
 /// upsert.
 fn updates_and_deletes() -> Workload {
     Workload {
-        name: "updates_and_deletes",
+        name: "updates_and_deletes".to_owned(),
         initial: [Some(1), Some(2), None],
         ids: 2,
         ops: [
@@ -2981,6 +3168,7 @@ fn updates_and_deletes() -> Workload {
             ],
         ],
         unroutable: None,
+        shared: [false; IDS],
     }
 }
 
@@ -2988,7 +3176,7 @@ fn updates_and_deletes() -> Workload {
 /// a plain replace racing a delete, a read.
 fn deletes_and_recreations() -> Workload {
     Workload {
-        name: "deletes_and_recreations",
+        name: "deletes_and_recreations".to_owned(),
         initial: [Some(1), Some(2), None],
         ids: 2,
         ops: [
@@ -3004,6 +3192,7 @@ fn deletes_and_recreations() -> Workload {
             ],
         ],
         unroutable: None,
+        shared: [false; IDS],
     }
 }
 
@@ -3012,7 +3201,7 @@ fn deletes_and_recreations() -> Workload {
 /// before the write switch), racing an update of it.
 fn a_created_id() -> Workload {
     Workload {
-        name: "a_created_id",
+        name: "a_created_id".to_owned(),
         initial: [Some(1), Some(2), None],
         ids: 3,
         ops: [
@@ -3028,6 +3217,7 @@ fn a_created_id() -> Workload {
             ],
         ],
         unroutable: None,
+        shared: [false; IDS],
     }
 }
 
@@ -3037,7 +3227,7 @@ fn a_created_id() -> Workload {
 /// the full workload's states.
 fn updates_and_deletes_short() -> Workload {
     let mut workload = updates_and_deletes();
-    workload.name = "updates_and_deletes_short";
+    workload.name = "updates_and_deletes_short".to_owned();
     for ops in workload.ops.iter_mut() {
         ops.truncate(2);
     }
@@ -3051,7 +3241,16 @@ fn with_unroutable(mut workload: Workload, name: &'static str) -> Workload {
     workload.initial[id] = Some(3);
     workload.ids += 1;
     workload.unroutable = Some(id);
-    workload.name = name;
+    workload.name = name.to_owned();
+    workload
+}
+
+/// `workload` with id `id` shared: both routing versions place it in one collection both
+/// layouts share, where it is one document for both sides.
+fn with_shared(mut workload: Workload, id: usize) -> Workload {
+    assert!(id < workload.ids && workload.unroutable != Some(id));
+    workload.shared[id] = true;
+    workload.name = format!("{}+shared {id}", workload.name);
     workload
 }
 
@@ -3408,6 +3607,96 @@ fn a_revert_replan_that_does_not_wait_for_the_holder_is_caught() {
             ..Setup::new(updates_and_deletes_short())
         },
         "",
+    );
+}
+
+/// `updates_and_deletes_short` with id `id` shared: the source version places it where the
+/// target version does, in the collection both layouts share, so it has one document for both
+/// sides. Id 0 is updated by both routers at once, id 1 deleted by one and upserted by the
+/// other; the other id moves (copied on write, or tombstoned).
+fn a_shared_id(id: usize) -> Workload {
+    with_shared(updates_and_deletes_short(), id)
+}
+
+/// An id both routing versions place in one collection both layouts share: one document for
+/// both sides. The backfill leaves it in place, cleanup keeps it, the removal of the target
+/// layout after a rollback leaves it, and in `reverting` no mirror writes it, neither a
+/// router's (`mirror_writes`) nor the revert copier's (`revert_action` on the location it
+/// scanned): the source already holds it, and an image read a moment earlier would overwrite
+/// a newer write.
+#[test]
+fn an_id_both_layouts_place_in_one_collection_loses_nothing() {
+    for id in [0, 1] {
+        let report = assert_protocol_holds(Setup::new(a_shared_id(id)));
+        for event in [Event::MirroredInPlace, Event::RevertedInPlace] {
+            assert!(report.events.contains(&event), "{:?}", report.events);
+        }
+        // A router cut off between its write and its mirror.
+        assert_protocol_holds(Setup {
+            expiries: 1,
+            ..Setup::new(a_shared_id(id))
+        });
+        assert_protocol_holds(Setup::new(with_shared(updates_and_deletes(), id)));
+        assert_protocol_holds(Setup::new(with_shared(deletes_and_recreations(), id)));
+    }
+    if heavy() {
+        for id in [0, 1] {
+            // A batch executed again; a worker killed with its statements in flight; a lost
+            // copy of the other id, repaired or stopping cleanup.
+            assert_protocol_holds(Setup {
+                batches: 2,
+                transients: 1,
+                ..Setup::new(a_shared_id(id))
+            });
+            assert_protocol_holds(Setup {
+                kills: 1,
+                ..Setup::new(a_shared_id(id))
+            });
+            assert_lost_copy_handled(Setup {
+                lose_a_copy: true,
+                ..Setup::new(a_shared_id(id))
+            });
+        }
+        let both = with_shared(with_shared(updates_and_deletes(), 0), 1);
+        assert_protocol_holds(Setup::new(both));
+        // An id the application creates in the shared collection during the migration.
+        assert_protocol_holds(Setup::new(with_shared(a_created_id(), 2)));
+        let unroutable = with_unroutable(updates_and_deletes(), "updates_and_deletes+unroutable");
+        assert_protocol_holds(Setup::new(with_shared(unroutable, 1)));
+        assert_protocol_holds(Setup {
+            expiries: 1,
+            ..Setup::new(with_shared(updates_and_deletes(), 1))
+        });
+    }
+}
+
+/// The product's bug before `mirror_writes`, found by the rollback test with the example
+/// application (reads in `reverting` one version behind): a router's mirror of a shared id
+/// reads the target image, another router's write lands on that very document, and the
+/// mirror's conditional replace, its filter met (no mirror stamped the document yet, and a
+/// replace or a tombstone drops the stamp), writes the older image over it.
+#[test]
+fn a_router_mirror_into_a_shared_document_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::MirrorIntoSharedDocument),
+            ..Setup::new(a_shared_id(0))
+        },
+        "allows",
+    );
+}
+
+/// The same bug in the revert copier (a deleted order back, in the example application): its
+/// scan reads the image of a shared id, a router's delete tombstones that very document, and
+/// the copier's mirror writes the image back over the tombstone.
+#[test]
+fn a_revert_copy_into_a_shared_document_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::RevertCopyIntoSharedDocument),
+            ..Setup::new(a_shared_id(1))
+        },
+        "allows",
     );
 }
 

@@ -46,13 +46,24 @@ impl World {
     /// An id of the hot tenant whose document moves to another collection in version 2 (a
     /// document that stays in place has no separate source copy to race with).
     fn moving_id(&self, prefix: &str) -> String {
+        self.hot_id(prefix, true)
+    }
+
+    /// An id of the hot tenant both versions place in one collection: one document is its
+    /// source and its target document.
+    fn staying_id(&self, prefix: &str) -> String {
+        self.hot_id(prefix, false)
+    }
+
+    fn hot_id(&self, prefix: &str, moves: bool) -> String {
         (0..)
             .map(|n| format!("{prefix}-{n}"))
             .find(|id| {
                 let t = KeyValue::String(HOT.into());
                 let i = KeyValue::String(id.clone());
-                self.v1.locate(&t, &i).unwrap().locations
-                    != self.v2.locate(&t, &i).unwrap().locations
+                (self.v1.locate(&t, &i).unwrap().locations
+                    != self.v2.locate(&t, &i).unwrap().locations)
+                    == moves
             })
             .unwrap()
     }
@@ -609,6 +620,106 @@ async fn while_reverting_every_operation_mirrors_the_target_into_the_source() {
         .await
         .unwrap();
     assert_eq!(total(&router.get(HOT, &gone).await.unwrap()), Some(7));
+    router.shutdown().await;
+}
+
+/// In a collection both layouts share, an id both versions place there has one document for
+/// both sides. While rolling back, a mirror of it must not write: the revert copier's image,
+/// read by its scan before an application write, landed over that write after it (the
+/// replace and the tombstone carry no `_reshard.mig`, so the mirror's condition let the older
+/// image through) and before the router's own mirror: a lost update and a resurrected delete,
+/// seen as reads one version behind by the example application in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_collection_both_layouts_share_no_mirror_writes_an_older_image_over_the_document() {
+    let w = Arc::new(world().await);
+    let (kept, gone) = (w.staying_id("kept"), w.staying_id("gone"));
+    assert_ne!(kept, gone);
+    for id in [&kept, &gone] {
+        w.seed(HOT, id, 1).await;
+    }
+    let router = w.router(config("api")).await;
+    w.to_backfill(&[&router]).await;
+    for id in [&kept, &gone] {
+        assert!(router
+            .update(HOT, id, doc! { "$set": { "total": 5 } })
+            .await
+            .unwrap());
+    }
+    w.advance(&[&router], &[Phase::Reverting]).await;
+
+    // The revert copier's scan reads both documents where the target places them (where the
+    // source does too), and decides its batch from these images.
+    let location =
+        w.v2.locate(
+            &KeyValue::String(HOT.into()),
+            &KeyValue::String(kept.clone()),
+        )
+        .unwrap()
+        .locations[0]
+            .clone();
+    let mut scanned = Vec::new();
+    for id in [&kept, &gone] {
+        let coll = w.coll(&w.v2, HOT, id);
+        scanned.push(coll.find_one(doc! { "_id": id }).await.unwrap().unwrap());
+    }
+    assert_eq!(
+        w.coll(&w.v2, HOT, &gone).namespace(),
+        w.coll(&w.v2, HOT, &kept).namespace()
+    );
+    let batch =
+        reshard::backfill::worker::prepare_revert(&w.v1, &w.v2, w.migration, &location, scanned);
+    assert!(
+        batch.statements.is_empty(),
+        "the source already holds these documents: {:?}",
+        batch.statements
+    );
+    // The batch lands after each application write and before that write's own mirror (a
+    // worker's bulk write lands whenever it lands).
+    let statements = Arc::new(batch.statements);
+    let writer = Arc::new(reshard::copy::writer::BulkWriter::new(
+        w.shards.clone(),
+        reshard::copy::writer::WriterOptions::default(),
+    ));
+    let landed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hook: StepHook = {
+        let (statements, writer, landed) = (statements.clone(), writer.clone(), landed.clone());
+        Arc::new(move |event: StepEvent| {
+            let (statements, writer, landed) = (statements.clone(), writer.clone(), landed.clone());
+            async move {
+                if event.step == "mirror_to_source" {
+                    writer.write(statements.to_vec()).await.unwrap();
+                    landed.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            .boxed()
+        })
+    };
+    let mut cfg = config("writer-api");
+    cfg.step_hook = Some(hook);
+    let writing = w.router(cfg).await;
+    assert_eq!(writing.snapshot().await.phase, Phase::Reverting);
+    assert!(writing
+        .replace(doc! { "_id": &kept, "customerId": HOT, "total": 9 }, false)
+        .await
+        .unwrap());
+    assert!(writing.delete(HOT, &gone).await.unwrap());
+    assert_eq!(
+        landed.load(Ordering::SeqCst),
+        2,
+        "the batch did not land twice"
+    );
+
+    for r in [&router, &writing] {
+        assert_eq!(total(&r.get(HOT, &kept).await.unwrap()), Some(9));
+        assert_eq!(r.get(HOT, &gone).await.unwrap(), None);
+    }
+    // The rolled-back collection holds the newest writes too.
+    w.force_phase(&[&router, &writing], Phase::RevertSwitch)
+        .await;
+    w.force_phase(&[&router, &writing], Phase::RolledBack).await;
+    assert_eq!(total(&router.get(HOT, &kept).await.unwrap()), Some(9));
+    assert_eq!(router.get(HOT, &gone).await.unwrap(), None);
+    writing.shutdown().await;
     router.shutdown().await;
 }
 

@@ -1747,7 +1747,7 @@ pub fn prepare_revert(
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
         let d = disposition::of(Side::Target, from, to, location, &doc);
-        match protocol::revert_action::<Document, Document>(&d) {
+        match protocol::revert_action::<Document, Document>(&d, location) {
             RevertAction::Write(step) => {
                 batch.checkpoint.scanned += 1;
                 batch.push(step, Kind::Mirror, &id, location, &d, Some(&doc), &context);

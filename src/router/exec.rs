@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use super::{Inner, RouterError, Snapshot};
 use crate::envelope::{self, is_tombstone, revision, META};
 use crate::protocol::{
-    Answer, Found, Interrupted, Next, Operation, OperationMachine, Outcome, Payload, Side, Step,
+    self, Answer, Found, Interrupted, Next, Operation, OperationMachine, Outcome, Payload, Side,
+    Step,
 };
 use crate::routing::{KeyValue, Located, Location, RoutingVersion};
 use crate::shards::command::{self, CommandError, Written};
@@ -276,14 +277,19 @@ async fn mirror_to_source(
         .await
         .map_err(command_error)?;
         if let Some(found) = found {
-            image = Some(found);
+            image = Some((found, location));
             break;
         }
     }
-    let Some(image) = image else {
+    let Some((image, found_at)) = image else {
         return Ok(Answer::Matched(false));
     };
     let source = snapshot.source.locate(keys.tenant_key, keys.id_key)?;
+    // In a collection both layouts share, the image is the source's document already.
+    if !protocol::mirror_writes(found_at, &source.locations) {
+        return Ok(Answer::Matched(true));
+    }
+    let back = &source.locations[0];
     let (filter, image) = envelope::mirror(
         image,
         snapshot.migration_id.unwrap_or(0),
@@ -291,7 +297,6 @@ async fn mirror_to_source(
         &snapshot.target,
         source.sub_bucket,
     );
-    let back = &source.locations[0];
     // The duplicate key of a refused upsert means the source is already newer.
     let w = command::update_one(
         database(inner, back)?,
