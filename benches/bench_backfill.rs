@@ -4,9 +4,12 @@
 //!
 //! Per size (`RESHARD_BENCH_DOCS`, a comma-separated list, default `60000,1000000`), on fresh
 //! servers: one source server (`s1`) holds the collection; three target servers (`s2..s4`)
-//! receive it (`default_buckets: 4`, so every document moves). In one run:
+//! receive it (`default_buckets: 4`, so every document moves). With `RESHARD_BENCH_SOURCES=3`
+//! the collection is spread over three source servers (`s1..s3`, collection `orders`) and
+//! moves to `orders_v2` on `s2..s4`: the topology of a 3 -> 3 reshard, where every target
+//! location receives documents from every source location. In one run:
 //!
-//! 1. the raw copy baseline (issue 16): one cursor reading the source in `_id` order, the
+//! 1. the raw copy baseline (issue 16): one cursor per source location in `_id` order, the
 //!    copies built by the same `prepare_batch`, written through the same bulk writer and write
 //!    concern (`w: majority, j: true`), two batches in flight, no PostgreSQL, no planning;
 //! 2. reshard: a real `reshard worker` process (planning, leases, checkpoints in PostgreSQL)
@@ -58,6 +61,47 @@ placement:
     shard: s4
 ";
 
+/// `RESHARD_BENCH_SOURCES=3`: the source over three servers.
+const V1_THREE: &str = "tenant_key: customerId
+layout: hashed
+virtual_buckets: 1024
+placement:
+  - vbuckets: [0, 342]
+    shard: s1
+  - vbuckets: [342, 683]
+    shard: s2
+  - vbuckets: [683, 1024]
+    shard: s3
+";
+
+/// `RESHARD_BENCH_SOURCES=3`: the target in collections of its own beside the source's.
+const V2_BESIDE: &str = "tenant_key: customerId
+layout: hashed
+virtual_buckets: 1024
+routing_field: bucket
+default_buckets: 4
+placement:
+  - vbuckets: [0, 342]
+    shard: s2
+  - vbuckets: [342, 683]
+    shard: s3
+  - vbuckets: [683, 1024]
+    shard: s4
+collections:
+  s2: orders_v2
+  s3: orders_v2
+  s4: orders_v2
+";
+
+/// The source locations of the run: `s1` alone, or `s1..s3` (`RESHARD_BENCH_SOURCES=3`).
+fn source_count() -> usize {
+    match std::env::var("RESHARD_BENCH_SOURCES").as_deref() {
+        Ok("3") => 3,
+        Ok("1") | Err(_) => 1,
+        Ok(other) => panic!("RESHARD_BENCH_SOURCES: 1 or 3, not {other:?}"),
+    }
+}
+
 fn document(i: usize) -> Document {
     doc! {
         "_id": format!("o-{i:08}"),
@@ -69,12 +113,12 @@ fn document(i: usize) -> Document {
     }
 }
 
-/// The physical limit on this machine (issue 16's baseline): one cursor reading the source in
+/// The physical limit on this machine (issue 16's baseline): one cursor per source location in
 /// `_id` order, the same copies written through the same writer and write concern, two batches
-/// in flight, no PostgreSQL, no planning. Reading overlaps writing: the reader fills a queue of
+/// in flight, no PostgreSQL, no planning. Reading overlaps writing: the readers fill a queue of
 /// `IN_FLIGHT` batches that the writers drain.
 async fn raw_copy(
-    source: &mongodb::Collection<Document>,
+    sources: &[(Location, mongodb::Collection<Document>)],
     writer: &BulkWriter,
     v1: &reshard::routing::RoutingVersion,
     v2: &reshard::routing::RoutingVersion,
@@ -96,33 +140,38 @@ async fn raw_copy(
             })
         })
         .collect();
-    let here = Location::new("s1", "orders");
-    let mut cursor = source
-        .find(doc! {})
-        .sort(doc! { "_id": 1 })
-        .batch_size(BATCH as u32)
-        .await
-        .unwrap();
-    let mut batch = Vec::with_capacity(BATCH);
-    let send = |docs: Vec<Document>| {
-        prepare_batch(v1, v2, &here, 1, docs)
-            .statements
-            .into_iter()
-            .map(|mut s| {
-                s.location.collection = collection.to_owned();
-                s
-            })
-            .collect::<Vec<_>>()
-    };
-    while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await.unwrap() {
-        batch.push(d);
-        if batch.len() == BATCH {
-            tx.send(send(std::mem::take(&mut batch))).await.unwrap();
+    let readers = sources.iter().map(|(here, source)| {
+        let tx = tx.clone();
+        async move {
+            let mut cursor = source
+                .find(doc! {})
+                .sort(doc! { "_id": 1 })
+                .batch_size(BATCH as u32)
+                .await
+                .unwrap();
+            let mut batch = Vec::with_capacity(BATCH);
+            let send = |docs: Vec<Document>| {
+                prepare_batch(v1, v2, here, 1, docs)
+                    .statements
+                    .into_iter()
+                    .map(|mut s| {
+                        s.location.collection = collection.to_owned();
+                        s
+                    })
+                    .collect::<Vec<_>>()
+            };
+            while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await.unwrap() {
+                batch.push(d);
+                if batch.len() == BATCH {
+                    tx.send(send(std::mem::take(&mut batch))).await.unwrap();
+                }
+            }
+            if !batch.is_empty() {
+                tx.send(send(batch)).await.unwrap();
+            }
         }
-    }
-    if !batch.is_empty() {
-        tx.send(send(batch)).await.unwrap();
-    }
+    });
+    futures::future::join_all(readers).await;
     drop(tx);
     for w in writers {
         w.await.unwrap();
@@ -185,7 +234,15 @@ async fn backfill_against_raw_copy() {
         eprintln!("{}", serde_json::to_string(&result).unwrap());
         let f = |key: &str| result[key].as_f64().unwrap();
         let figure = |name: &str, value: String| {
-            support::bench_figure("bench_backfill", &format!("{n} documents: {name}"), value)
+            let from = match source_count() {
+                1 => String::new(),
+                k => format!(" from {k} sources"),
+            };
+            support::bench_figure(
+                "bench_backfill",
+                &format!("{n} documents{from}: {name}"),
+                value,
+            )
         };
         figure(
             "whole backfill (planning included) / raw copy baseline",
@@ -227,13 +284,14 @@ async fn backfill_against_raw_copy() {
     println!("{}", serde_json::to_string_pretty(&results).unwrap());
     println!();
     println!(
-        "| documents | partitions | raw copy baseline (before / after) | reshard, whole (planning included) | whole / baseline | planning | copy after planning / baseline | worker CPU, share of the machine | worker peak RSS | raw read of both sides | full reconciliation | reconciliation / raw read | cleanup |"
+        "| documents, source locations | partitions | raw copy baseline (before / after) | reshard, whole (planning included) | whole / baseline | planning | copy after planning / baseline | worker CPU, share of the machine | worker peak RSS | raw read of both sides | full reconciliation | reconciliation / raw read | cleanup |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &results {
         println!(
-            "| {} | {} | {} / {} docs/s | {} docs/s | {:.2} | {:.2} s | {:.2} | {:.1} s, {:.1} % | {:.1} MiB | {} docs/s | {} docs/s | {:.2} | {} docs/s |",
+            "| {} from {} | {} | {} / {} docs/s | {} docs/s | {:.2} | {:.2} s | {:.2} | {:.1} s, {:.1} % | {:.1} MiB | {} docs/s | {} docs/s | {:.2} | {} docs/s |",
             r["documents"],
+            r["source_locations"],
             r["partitions"],
             r["raw_copy_before_docs_per_sec"],
             r["raw_copy_after_docs_per_sec"],
@@ -272,8 +330,14 @@ async fn one_size(n: usize) -> serde_json::Value {
         let client = reshard::shards::writer_client(&server.uri()).await.unwrap();
         databases.insert(server.name().to_string(), client.database(&db_name));
     }
+    let sources = source_count();
+    let (v1_text, v2_text) = if sources == 3 {
+        (V1_THREE, V2_BESIDE)
+    } else {
+        (V1, V2)
+    };
     let mut versions = Vec::new();
-    for (file, text) in [("v1.yaml", V1), ("v2.yaml", V2)] {
+    for (file, text) in [("v1.yaml", v1_text), ("v2.yaml", v2_text)] {
         let v = reshard::spec::parse_version_spec(file, text, "orders").unwrap();
         versions.push(
             store
@@ -316,11 +380,30 @@ async fn one_size(n: usize) -> serde_json::Value {
         .await
         .unwrap();
 
-    let source = databases["s1"].collection::<Document>("orders");
+    let sources: Vec<(Location, mongodb::Collection<Document>)> = v1
+        .locations()
+        .into_iter()
+        .map(|l| {
+            let coll = databases[&l.shard].collection::<Document>(&l.collection);
+            (l, coll)
+        })
+        .collect();
     let loading = Instant::now();
     for start in (0..n).step_by(5_000) {
-        let chunk: Vec<Document> = (start..(start + 5_000).min(n)).map(document).collect();
-        source.insert_many(chunk).ordered(false).await.unwrap();
+        let mut by_location: BTreeMap<Location, Vec<Document>> = BTreeMap::new();
+        for d in (start..(start + 5_000).min(n)).map(document) {
+            let (tenant, id) = v1.document_keys(&d).unwrap();
+            let at = v1.locate(&tenant, &id).unwrap().locations[0].clone();
+            by_location.entry(at).or_default().push(d);
+        }
+        for (at, chunk) in by_location {
+            databases[&at.shard]
+                .collection::<Document>(&at.collection)
+                .insert_many(chunk)
+                .ordered(false)
+                .await
+                .unwrap();
+        }
     }
     let load_seconds = loading.elapsed().as_secs_f64();
     let writer = BulkWriter::new(databases.clone(), WriterOptions::default());
@@ -337,7 +420,7 @@ async fn one_size(n: usize) -> serde_json::Value {
         }
     };
 
-    let before = raw_copy(&source, &writer, &v1, &v2, "raw_copy").await;
+    let before = raw_copy(&sources, &writer, &v1, &v2, "raw_copy").await;
     drop_copies("raw_copy").await;
 
     let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"));
@@ -360,7 +443,7 @@ async fn one_size(n: usize) -> serde_json::Value {
         .unwrap();
     let plan_seconds = (planned_at - wall).num_milliseconds() as f64 / 1000.0;
 
-    let after = raw_copy(&source, &writer, &v1, &v2, "raw_copy").await;
+    let after = raw_copy(&sources, &writer, &v1, &v2, "raw_copy").await;
     drop_copies("raw_copy").await;
 
     let totals = store.task_totals(m, Task::Backfill).await.unwrap();
@@ -404,13 +487,16 @@ async fn one_size(n: usize) -> serde_json::Value {
     assert!(cleaned.success, "the cleanup worker failed");
     let cleanup = store.task_totals(m, Task::Cleanup).await.unwrap();
     assert_eq!(cleanup.deleted as usize, n, "{cleanup:?}");
-    assert_eq!(source.estimated_document_count().await.unwrap(), 0);
+    for (at, source) in &sources {
+        assert_eq!(source.estimated_document_count().await.unwrap(), 0, "{at}");
+    }
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     let baseline = (rate(before) + rate(after)) / 2.0;
     let copy = usage.wall.as_secs_f64();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     json!({
         "documents": n,
+        "source_locations": sources.len(),
         "target_servers": 3,
         "batch": BATCH,
         "partitions": totals.partitions,
@@ -437,28 +523,29 @@ async fn one_size(n: usize) -> serde_json::Value {
     })
 }
 
-/// Reads every document of every location, one cursor each in `_id` order, all at once.
+/// Reads every document of every location (of either layout), one cursor each in `_id` order,
+/// all at once.
 async fn read_everything(databases: &BTreeMap<String, mongodb::Database>) -> Duration {
     let started = Instant::now();
-    let reads = databases.values().map(|db| {
-        let coll = db.collection::<Document>("orders");
-        async move {
-            let mut cursor = coll
-                .find(doc! {})
-                .sort(doc! { "_id": 1 })
-                .batch_size(BATCH as u32)
-                .await
-                .unwrap();
-            let mut n = 0_u64;
-            while futures::TryStreamExt::try_next(&mut cursor)
-                .await
-                .unwrap()
-                .is_some()
-            {
-                n += 1;
-            }
-            n
+    let collections = databases
+        .values()
+        .flat_map(|db| ["orders", "orders_v2"].map(|c| db.collection::<Document>(c)));
+    let reads = collections.map(|coll| async move {
+        let mut cursor = coll
+            .find(doc! {})
+            .sort(doc! { "_id": 1 })
+            .batch_size(BATCH as u32)
+            .await
+            .unwrap();
+        let mut n = 0_u64;
+        while futures::TryStreamExt::try_next(&mut cursor)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            n += 1;
         }
+        n
     });
     futures::future::join_all(reads).await;
     started.elapsed()
