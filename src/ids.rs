@@ -475,6 +475,15 @@ fn span_filter(lower: Lower<'_>, upper: Option<&Bson>) -> Document {
     let last = upper.map(Class::of);
     // The part of `lower`'s class the range holds, given what bounds it above in that class.
     let lower_part = |v: &Bson, inclusive: bool, below: Option<&Bson>| -> Vec<Document> {
+        // `$gt`/`$gte` with MinKey match every class (MinKey sorts below everything, and
+        // MongoDB compares it across types): its class holds MinKey alone.
+        if Class::of(v) == Class::MinKey {
+            return if inclusive {
+                vec![whole(Class::MinKey)]
+            } else {
+                vec![]
+            };
+        }
         let mut cond = if is_nan(v) {
             // Every number is above NaN (the one NaN `_id` there can be is `v` itself).
             let mut parts = vec![];
@@ -498,6 +507,11 @@ fn span_filter(lower: Lower<'_>, upper: Option<&Bson>) -> Document {
         vec![doc! { "_id": cond }]
     };
     let upper_part = |u: &Bson| -> Vec<Document> {
+        // Likewise `$lt` with MaxKey matches every class: below MaxKey, its class holds
+        // nothing (and below MinKey nothing is).
+        if matches!(Class::of(u), Class::MaxKey | Class::MinKey) {
+            return vec![];
+        }
         let mut parts = vec![doc! { "_id": { "$lt": u.clone() } }];
         if Class::of(u) == Class::Number && !is_nan(u) {
             parts.push(doc! { "_id": f64::NAN });
@@ -527,6 +541,8 @@ fn span_filter(lower: Lower<'_>, upper: Option<&Bson>) -> Document {
         }
     }
     match branches.len() {
+        // An empty range: a condition nothing meets (no `_id` is of no type).
+        0 => doc! { "_id": { "$exists": false } },
         1 => branches.pop().expect("one branch"),
         _ => doc! { "$or": branches.into_iter().map(Bson::Document).collect::<Vec<_>>() },
     }
@@ -685,6 +701,36 @@ mod tests {
             text(&Bson::ObjectId(oid)),
             format!("{{\"$oid\":\"{oid}\"}}")
         );
+    }
+
+    #[test]
+    fn ranges_bounded_by_min_key_or_max_key_never_compare_with_them() {
+        // MongoDB compares MinKey and MaxKey across types: `$gt: MinKey` and `$lt: MaxKey`
+        // match every class, so a range that used them would read past its other bound
+        // (found by `tests/listing.rs` with a scan resumed after a MinKey `_id`).
+        let span = |lower: Option<Bson>, upper: Option<Bson>| IdRange {
+            bracket: None,
+            lower,
+            upper,
+        };
+        let compares_with = |f: &Document, key: &str| format!("{f:?}").contains(key);
+        let resumed = span(None, Some(Bson::Int64(5))).filter(Some(&Bson::MinKey));
+        assert!(!compares_with(&resumed, "MinKey"), "{resumed}");
+        assert!(compares_with(&resumed, "$lt"), "{resumed}");
+        let from_min = span(Some(Bson::MinKey), Some(Bson::Int64(5))).filter(None);
+        assert!(!compares_with(&from_min, "MinKey"), "{from_min}");
+        assert!(
+            compares_with(&from_min, "minKey"),
+            "the MinKey class: {from_min}"
+        );
+        let to_max = span(Some(Bson::String("m".into())), Some(Bson::MaxKey)).filter(None);
+        assert!(!compares_with(&to_max, "MaxKey"), "{to_max}");
+        assert!(
+            !compares_with(&to_max, "maxKey"),
+            "MaxKey is above the range: {to_max}"
+        );
+        let nothing = span(None, Some(Bson::MinKey)).filter(None);
+        assert_eq!(nothing, doc! { "_id": { "$exists": false } });
     }
 
     #[test]
