@@ -74,24 +74,10 @@ placement:
     shard: s3
 ";
 
-/// `RESHARD_BENCH_SOURCES=3`: the target in collections of its own beside the source's.
-const V2_BESIDE: &str = "tenant_key: customerId
-layout: hashed
-virtual_buckets: 1024
-routing_field: bucket
-default_buckets: 4
-placement:
-  - vbuckets: [0, 342]
-    shard: s2
-  - vbuckets: [342, 683]
-    shard: s3
-  - vbuckets: [683, 1024]
-    shard: s4
-collections:
-  s2: orders_v2
-  s3: orders_v2
-  s4: orders_v2
-";
+/// `RESHARD_BENCH_SOURCES=3`: `V2` in collections of its own beside the source's.
+fn v2_beside() -> String {
+    format!("{V2}collections:\n  s2: orders_v2\n  s3: orders_v2\n  s4: orders_v2\n")
+}
 
 /// The source locations of the run: `s1` alone, or `s1..s3` (`RESHARD_BENCH_SOURCES=3`).
 fn source_count() -> usize {
@@ -228,16 +214,16 @@ async fn backfill_against_raw_copy() {
                 .expect("RESHARD_BENCH_DOCS: numbers, comma-separated")
         })
         .collect();
+    let from = match source_count() {
+        1 => String::new(),
+        k => format!(" from {k} sources"),
+    };
     let mut results = Vec::new();
     for n in sizes {
         let result = one_size(n).await;
         eprintln!("{}", serde_json::to_string(&result).unwrap());
         let f = |key: &str| result[key].as_f64().unwrap();
         let figure = |name: &str, value: String| {
-            let from = match source_count() {
-                1 => String::new(),
-                k => format!(" from {k} sources"),
-            };
             support::bench_figure(
                 "bench_backfill",
                 &format!("{n} documents{from}: {name}"),
@@ -330,14 +316,13 @@ async fn one_size(n: usize) -> serde_json::Value {
         let client = reshard::shards::writer_client(&server.uri()).await.unwrap();
         databases.insert(server.name().to_string(), client.database(&db_name));
     }
-    let sources = source_count();
-    let (v1_text, v2_text) = if sources == 3 {
-        (V1_THREE, V2_BESIDE)
+    let (v1_text, v2_text) = if source_count() == 3 {
+        (V1_THREE, v2_beside())
     } else {
-        (V1, V2)
+        (V1, V2.to_owned())
     };
     let mut versions = Vec::new();
-    for (file, text) in [("v1.yaml", v1_text), ("v2.yaml", v2_text)] {
+    for (file, text) in [("v1.yaml", v1_text), ("v2.yaml", v2_text.as_str())] {
         let v = reshard::spec::parse_version_spec(file, text, "orders").unwrap();
         versions.push(
             store
