@@ -31,12 +31,12 @@ pub use crate::envelope::content_differences;
 use crate::envelope::{self, is_tombstone, Writer};
 use crate::ids;
 use crate::protocol::{self, Answer, Payload, Side, Step};
-use crate::routing::{KeyValue, Location, RoutingVersion};
-use crate::scope::{location_scope, scope_filter};
+use crate::routing::{KeyValue, Location, MoveScope, RoutingVersion};
+use crate::scope::location_scope;
 use crate::settings::MigrationSettings;
 pub use crate::shards::read::ReadError;
 use crate::shards::Shards;
-use crate::store::partitions::{Claim, Partition};
+use crate::store::partitions::{Claim, NewPartition, Partition};
 use crate::store::reconcile::{FindingKind, NewFinding, VerifiedBatch};
 use crate::store::StoreError;
 use crate::throttle::AdaptiveRate;
@@ -70,14 +70,15 @@ pub struct ReconcileOptions {
     /// partition by partition, placement in its merge with the targets); counts still run.
     #[serde(skip)]
     pub presence_done: bool,
-    /// How many source documents a full run's partitions read, by range ([`range_key`]):
-    /// the completeness check compares those with the ledger instead of counting again.
+    /// How many source documents a leased full run read, by backfill partition (with
+    /// `presence_done`): the completeness check compares those with the ledger instead of
+    /// counting again, and a partition the run counted nothing in held nothing.
     #[serde(skip)]
-    pub counted: BTreeMap<RangeKey, i64>,
+    pub counted: BTreeMap<i64, i64>,
 }
 
-/// A partition's location and `_id` range, as a key that a backfill partition and the
-/// verify partition copied from it share.
+/// A partition's location and `_id` range, as a key that a backfill partition and a verify
+/// partition planned by an earlier version of reshard (one per backfill partition) share.
 pub type RangeKey = (
     String,
     String,
@@ -96,7 +97,8 @@ pub fn range_key(p: &Partition) -> RangeKey {
     )
 }
 
-/// The key of a full run's partition outcomes that counts the source documents it read.
+/// The key under which a verify partition planned by an earlier version of reshard counted the
+/// source documents it read (its backfill partition's range, [`range_key`]).
 pub const SOURCE_READ: &str = "source_documents_read";
 
 mod millis {
@@ -312,170 +314,365 @@ pub async fn check_batch(
     Ok(out)
 }
 
-/// The target locations of a full run read beside its source partition: each through one
-/// cursor over the partition's `_id` range, in `_id` order, so that looking a moved document
-/// up is a step forward in a merge rather than a query. Lookups must come in `_id` order
-/// (the source's), which a partition's scan gives.
-///
-/// Every target document the merge passes is also checked for placement, by the merge of
-/// the source location it came from (the one the source version puts it at), so that each
-/// is checked once however many source locations share the target: a full run checks the
-/// placement of every document reshard wrote, not a sample.
-pub struct TargetStreams {
-    streams: BTreeMap<Location, crate::shards::read::Merge>,
-    /// The source location whose partition the streams follow.
-    source: Location,
-    /// The placement of the target documents passed so far, not yet tallied.
-    placement: Vec<(Location, Bson, Outcome)>,
+/// What a full run reads a source location as: the tenants in its scope (`None`: every
+/// document) and the backfill partitions planned there, for the completeness check: each
+/// source document read is counted under the one whose range holds it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SourceScope {
+    pub tenants: Option<Vec<KeyValue>>,
+    pub partitions: Vec<(ids::IdRange, i64)>,
 }
 
-/// What a target document a merge passes says of placement, judged by the merge of the
-/// source location it came from (the one the source version puts it at), once, and only for
-/// documents reshard wrote.
-fn placement_judge<'a>(
-    scene: &'a Scene,
-    target: &'a Location,
-    source: &'a Location,
-    placement: &'a mut Vec<(Location, Bson, Outcome)>,
-) -> impl FnMut(&Document) + 'a {
-    move |passed: &Document| {
-        let came_from_here = keys_of(&scene.from, passed)
-            .and_then(|(t, i)| scene.from.locate(&t, &i).ok())
-            .is_some_and(|l| l.locations.first() == Some(source));
-        if came_from_here && passed.contains_key(envelope::META) {
-            if let Some(outcome) = judge_placement(scene, target, passed) {
-                let id = passed.get("_id").cloned().unwrap_or(Bson::Null);
-                placement.push((target.clone(), id, outcome));
-            }
+/// The source locations a full run reads, as the backfill planned them (its partitions and
+/// their tenant filter, one per location).
+pub fn full_sources(backfill: &[Partition]) -> Result<BTreeMap<Location, SourceScope>, String> {
+    let mut sources: BTreeMap<Location, SourceScope> = BTreeMap::new();
+    for p in backfill {
+        let tenants: Option<Vec<KeyValue>> = p
+            .tenant_filter
+            .as_ref()
+            .map(|t| serde_json::from_value(t.clone()))
+            .transpose()
+            .map_err(|e| format!("partition {}: tenant filter unreadable: {e}", p.id))?;
+        let location = p.location();
+        let scope = sources
+            .entry(location.clone())
+            .or_insert_with(|| SourceScope {
+                tenants: tenants.clone(),
+                partitions: Vec::new(),
+            });
+        if scope.tenants != tenants {
+            return Err(format!(
+                "the backfill partitions of {location} scan different tenants (partition {})",
+                p.id
+            ));
         }
+        scope.partitions.push((p.range()?, p.id));
     }
+    Ok(sources)
 }
 
-impl TargetStreams {
-    /// Opens the scan of the source partition (`filter` at `source`, resumed where it is) and
-    /// beside it every target location but `source` (a collection both layouts share is read
-    /// as the source already) over the same filter, all at once: a server may answer a
-    /// sorted query only once it has read the whole range (the local stand-in does), and
-    /// those waits should overlap rather than add up.
+/// The ranges of a full run's `verify` partitions: `_id` ranges over which every location is
+/// read together ([`FullRead`]), so that each location is read once per range, not once per
+/// source location sharing it. They are the backfill ranges of the source location cut into
+/// the most partitions (every location's ranges cover every `_id`), each sized at its share
+/// of everything the backfill read. The partitions name no location
+/// ([`crate::store::partitions::EVERY_LOCATION`]).
+pub fn verify_ranges(backfill: &[Partition]) -> Vec<NewPartition> {
+    use crate::store::partitions::EVERY_LOCATION;
+    let read = |p: &Partition| (p.scanned + p.skipped_foreign).max(0);
+    let total: i64 = backfill.iter().map(read).sum();
+    let mut by_location: BTreeMap<Location, Vec<&Partition>> = BTreeMap::new();
+    for p in backfill {
+        by_location.entry(p.location()).or_default().push(p);
+    }
+    let whole = || NewPartition {
+        source_shard: EVERY_LOCATION.to_owned(),
+        source_collection: EVERY_LOCATION.to_owned(),
+        id_type: ids::ANY_TYPE.to_owned(),
+        lower_bound: None,
+        upper_bound: None,
+        tenant_filter: None,
+        approx_documents: Some(total),
+    };
+    let Some(donor) = by_location
+        .values()
+        .max_by_key(|ps| (ps.len(), ps.iter().map(|p| read(p)).sum::<i64>()))
+    else {
+        return Vec::new();
+    };
+    let ranges: Result<Vec<(ids::IdRange, &Partition)>, String> =
+        donor.iter().map(|p| Ok((p.range()?, *p))).collect();
+    let Ok(mut ranges) = ranges else {
+        return vec![whole()];
+    };
+    if donor.len() == 1 || ranges.iter().any(|(r, _)| r.bracket.is_some()) {
+        return vec![whole()];
+    }
+    ranges.sort_by(|(a, _), (b, _)| match (&a.lower, &b.lower) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, _) => std::cmp::Ordering::Less,
+        (_, None) => std::cmp::Ordering::Greater,
+        (Some(a), Some(b)) => ids::compare(a, b),
+    });
+    let donor_total: i64 = donor.iter().map(|p| read(p)).sum();
+    let k = ranges.len() as i64;
+    ranges
+        .into_iter()
+        .map(|(range, p)| NewPartition {
+            lower_bound: range.lower.as_ref().map(ids::encode),
+            upper_bound: range.upper.as_ref().map(ids::encode),
+            approx_documents: Some(if donor_total > 0 {
+                (read(p) as f64 * total as f64 / donor_total as f64).round() as i64
+            } else {
+                total / k
+            }),
+            ..whole()
+        })
+        .collect()
+}
+
+/// One cursor of a full run's read: a location over the range, in `_id` order, read as a
+/// source (its documents are checked against the target), as a target (moved documents are
+/// looked up in it, and what reshard wrote there is checked for placement), or as both where
+/// one filter serves both (a collection both layouts share).
+struct Lane {
+    location: Location,
+    source: bool,
+    target: bool,
+    scan: crate::shards::read::Scan,
+    buffer: std::collections::VecDeque<Document>,
+    ended: bool,
+}
+
+/// What a full run's read checked in one batch.
+#[derive(Default)]
+pub struct FullBatch {
+    /// The last `_id` every location was read up to (`None`: nothing was read).
+    pub last_id: Option<Bson>,
+    /// Each source location's documents, judged.
+    pub checked: BTreeMap<Location, Vec<(Bson, Outcome)>>,
+    /// The placement of the target documents reshard wrote, judged.
+    pub placement: Vec<(Location, Bson, Outcome)>,
+    /// Source documents read, by the backfill partition whose range holds them.
+    pub reads: BTreeMap<i64, u64>,
+    /// Source documents read.
+    pub source_documents: u64,
+    /// Every location was read to the end of the range.
+    pub done: bool,
+}
+
+/// A full run's read of one `_id` range: every source location and every target location
+/// through one cursor each ([`Lane`]), all in `_id` order and merged, so that each step hands
+/// over the documents with the next `_id` wherever they are. A moved document is looked up at
+/// its target by stepping forward rather than by a query, and each location is read once per
+/// range, however many source locations share a target: the cost of a raw read of both sides.
+/// A target document is checked for placement once, when the source location it came from
+/// (the first the source version lists) is another location this read checks.
+pub struct FullRead {
+    lanes: Vec<Lane>,
+    sources: BTreeMap<Location, SourceScope>,
+}
+
+impl FullRead {
+    /// Opens every cursor at once (a server may answer a sorted query only once it has read
+    /// the whole range, as the local stand-in does: those waits overlap rather than add up).
+    /// Source locations are read with their own tenants, target locations with every tenant
+    /// any source location reads.
     pub async fn open(
         scene: &Scene,
-        source: &Location,
-        filter: &Document,
+        sources: BTreeMap<Location, SourceScope>,
+        range: &ids::IdRange,
+        resume: Option<&Bson>,
         batch_size: usize,
-    ) -> Result<(crate::shards::read::Scan, TargetStreams), ReadError> {
+    ) -> Result<FullRead, ReadError> {
+        let filter = |tenants: &Option<Vec<KeyValue>>| {
+            let tenant = match tenants {
+                Some(t) => crate::scope::tenant_filter(&scene.from.tenant_key, t),
+                None => Document::new(),
+            };
+            ids::and(tenant, range.filter(resume))
+        };
+        let target_tenants: Option<Vec<KeyValue>> = sources
+            .values()
+            .map(|s| s.tenants.clone())
+            .collect::<Option<Vec<Vec<KeyValue>>>>()
+            .map(|all| {
+                let set: BTreeSet<KeyValue> = all.into_iter().flatten().collect();
+                set.into_iter().collect()
+            });
+        let targets: BTreeSet<Location> = scene.to.locations().into_iter().collect();
+        let mut planned: Vec<(Location, bool, bool, Document)> = Vec::new();
+        for (location, scope) in &sources {
+            let both = targets.contains(location) && scope.tenants == target_tenants;
+            planned.push((location.clone(), true, both, filter(&scope.tenants)));
+        }
+        for target in targets {
+            let read_as_source = sources
+                .get(&target)
+                .is_some_and(|s| s.tenants == target_tenants);
+            if !read_as_source {
+                planned.push((target, false, true, filter(&target_tenants)));
+            }
+        }
         let size = std::sync::Arc::new(move || batch_size);
-        let targets: Vec<Location> = scene
-            .to
-            .locations()
-            .into_iter()
-            .filter(|t| t != source)
-            .collect();
-        let opened = futures::future::try_join_all(
-            std::iter::once(source)
-                .chain(&targets)
-                .map(|at| scene.shards.scan(at, filter.clone(), size.clone())),
+        let scans = futures::future::try_join_all(
+            planned
+                .iter()
+                .map(|(at, _, _, f)| scene.shards.scan(at, f.clone(), size.clone())),
         )
         .await?;
-        let mut opened = opened.into_iter();
-        let scan = opened.next().expect("the source's scan");
-        let streams = targets
+        let lanes = planned
             .into_iter()
-            .zip(opened.map(crate::shards::read::Merge::new))
+            .zip(scans)
+            .map(|((location, source, target, _), scan)| Lane {
+                location,
+                source,
+                target,
+                scan,
+                buffer: Default::default(),
+                ended: false,
+            })
             .collect();
-        Ok((
-            scan,
-            TargetStreams {
-                streams,
-                source: source.clone(),
-                placement: Vec::new(),
-            },
-        ))
+        Ok(FullRead { lanes, sources })
     }
 
-    /// Reads every stream to its end (after the source's last document), judging the
-    /// placement of what is left.
-    pub async fn finish(&mut self, scene: &Scene) -> Result<(), ReadError> {
-        for (target, stream) in self.streams.iter_mut() {
-            let judge = placement_judge(scene, target, &self.source, &mut self.placement);
-            stream.seek(None, judge).await?;
+    /// The documents with the next `_id` across every lane (lane index, document), or `None`
+    /// once every lane is read.
+    async fn next_column(&mut self) -> Result<Option<(Bson, Vec<(usize, Document)>)>, ReadError> {
+        for lane in &mut self.lanes {
+            while lane.buffer.is_empty() && !lane.ended {
+                let batch = lane.scan.next_batch().await?;
+                lane.ended = batch.is_empty();
+                lane.buffer.extend(batch);
+            }
         }
-        Ok(())
+        let id_of = |d: &Document| d.get("_id").cloned().unwrap_or(Bson::Null);
+        let Some(next) = self
+            .lanes
+            .iter()
+            .filter_map(|l| l.buffer.front())
+            .map(id_of)
+            .min_by(ids::compare)
+        else {
+            return Ok(None);
+        };
+        let mut column = Vec::new();
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            let here = lane
+                .buffer
+                .front()
+                .is_some_and(|d| ids::compare(&id_of(d), &next).is_eq());
+            if here {
+                column.push((i, lane.buffer.pop_front().expect("a front")));
+            }
+        }
+        Ok(Some((next, column)))
     }
 
-    /// The placement of the target documents passed since the last call, tallied into
-    /// `strata` (`placement:<target>`, created as needed) and `result`.
-    pub fn tally_placement(
-        &mut self,
-        result: &mut RunResult,
-        strata: &mut BTreeMap<String, Stratum>,
-    ) {
-        let mut by_target: BTreeMap<Location, Vec<(Bson, Outcome)>> = BTreeMap::new();
-        for (target, id, outcome) in std::mem::take(&mut self.placement) {
-            by_target.entry(target).or_default().push((id, outcome));
+    /// Reads and checks up to about `max` documents (of either side).
+    pub async fn next_batch(&mut self, scene: &Scene, max: usize) -> Result<FullBatch, ReadError> {
+        let mut batch = FullBatch::default();
+        let mut handled = 0;
+        while handled < max.max(1) {
+            let Some((id, column)) = self.next_column().await? else {
+                batch.done = true;
+                break;
+            };
+            handled += column.len();
+            self.judge(scene, &column, &mut batch);
+            batch.last_id = Some(id);
         }
-        for (target, judged) in by_target {
-            let name = format!("placement:{target}");
-            let stratum = strata.entry(name.clone()).or_insert_with(|| Stratum {
-                name,
-                ..Stratum::default()
-            });
-            // Placement findings name where the document was found, not a source: the
-            // recheck looks there ([`recheck`]).
-            for (id, outcome) in judged {
-                *result
-                    .counts
-                    .entry(outcome_name(&outcome).to_owned())
-                    .or_default() += 1;
-                stratum.samples += 1;
-                if let Outcome::Finding { kind, details } = outcome {
-                    stratum.defects += 1;
-                    result
-                        .findings
-                        .push(finding(kind, &id, &stratum.name, details));
+        Ok(batch)
+    }
+
+    /// Judges one `_id`'s documents: each read as a source against the target documents
+    /// beside it, each reshard wrote at a target for placement.
+    fn judge(&self, scene: &Scene, column: &[(usize, Document)], batch: &mut FullBatch) {
+        for (i, doc) in column {
+            let lane = &self.lanes[*i];
+            if !lane.source {
+                continue;
+            }
+            let location = &lane.location;
+            let (id, judged) = judge_source(scene, location, doc);
+            batch.source_documents += 1;
+            let counted_under = self
+                .sources
+                .get(location)
+                .and_then(|s| s.partitions.iter().find(|(r, _)| r.contains(&id)));
+            if let Some((_, partition)) = counted_under {
+                *batch.reads.entry(*partition).or_default() += 1;
+            }
+            let outcome = judged.unwrap_or_else(|goal| {
+                let target_doc = |at: &dyn Fn(&Location) -> bool| {
+                    column.iter().find(|(j, _)| {
+                        let l = &self.lanes[*j];
+                        l.target && at(&l.location)
+                    })
+                };
+                match target_doc(&|l| *l == goal) {
+                    Some((_, found)) => judge_found(scene, doc, found, &goal),
+                    None => {
+                        let elsewhere = target_doc(&|l| *l != goal && l != location)
+                            .map(|(j, _)| self.lanes[*j].location.clone());
+                        judge_absent(&goal, elsewhere, location)
+                    }
                 }
+            });
+            batch
+                .checked
+                .entry(location.clone())
+                .or_default()
+                .push((id, outcome));
+        }
+        for (i, doc) in column {
+            let lane = &self.lanes[*i];
+            if !lane.target || !doc.contains_key(envelope::META) {
+                continue;
+            }
+            // A document the source version puts here is a source document (checked as
+            // one where it is read as a source), not a copy.
+            let came_from_a_source_read_here = keys_of(&scene.from, doc)
+                .and_then(|(t, i)| scene.from.locate(&t, &i).ok())
+                .and_then(|l| l.locations.first().cloned())
+                .is_some_and(|l| l != lane.location && self.sources.contains_key(&l));
+            if !came_from_a_source_read_here {
+                continue;
+            }
+            if let Some(outcome) = judge_placement(scene, &lane.location, doc) {
+                let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+                batch.placement.push((lane.location.clone(), id, outcome));
             }
         }
     }
 }
 
-/// [`check_batch`] for a full run: the same judgement, with every lookup a step of a merge
-/// with the target locations' own scans ([`TargetStreams`]), so that each document of either
-/// side is read once and in order, whatever the server does with an `$in`.
-pub async fn check_batch_merged(
-    scene: &Scene,
-    location: &Location,
-    docs: &[Document],
-    targets: &mut TargetStreams,
-) -> Result<Vec<(Bson, Outcome)>, ReadError> {
-    let mut out = Vec::with_capacity(docs.len());
-    for doc in docs {
-        let (id, judged) = judge_source(scene, location, doc);
-        let goal = match judged {
-            Ok(outcome) => {
-                out.push((id, outcome));
-                continue;
-            }
-            Err(goal) => goal,
-        };
-        // Every stream moves forward to this id, so each stays in step with the source.
-        let mut at_goal = None;
-        let mut elsewhere = None;
-        let source = targets.source.clone();
-        for (target, stream) in targets.streams.iter_mut() {
-            let judge = placement_judge(scene, target, &source, &mut targets.placement);
-            let found = stream.seek(Some(&id), judge).await?;
-            if let Some(found) = found {
-                if *target == goal {
-                    at_goal = Some(judge_found(scene, doc, found, &goal));
-                } else if elsewhere.is_none() {
-                    elsewhere = Some(target.clone());
-                }
-            }
+/// Tallies a full run's placement checks into `strata` (`placement:<target>`, created as
+/// needed) and `result`.
+pub fn tally_placement(
+    placement: Vec<(Location, Bson, Outcome)>,
+    result: &mut RunResult,
+    strata: &mut BTreeMap<String, Stratum>,
+) {
+    for (target, id, outcome) in placement {
+        let name = format!("placement:{target}");
+        let stratum = strata.entry(name.clone()).or_insert_with(|| Stratum {
+            name,
+            ..Stratum::default()
+        });
+        *result
+            .counts
+            .entry(outcome_name(&outcome).to_owned())
+            .or_default() += 1;
+        stratum.samples += 1;
+        // Placement findings name where the document was found, not a source: the recheck
+        // looks there ([`recheck`]).
+        if let Outcome::Finding { kind, details } = outcome {
+            stratum.defects += 1;
+            result
+                .findings
+                .push(finding(kind, &id, &stratum.name, details));
         }
-        let outcome = at_goal.unwrap_or_else(|| judge_absent(&goal, elsewhere, location));
-        out.push((id, outcome));
     }
-    Ok(out)
+}
+
+/// Tallies a full run's batch: each source location's checks into its stratum
+/// (`full:<location>`, created as needed), and the placement checks.
+pub fn tally_full(
+    batch: &mut FullBatch,
+    result: &mut RunResult,
+    strata: &mut BTreeMap<String, Stratum>,
+) {
+    for (location, checked) in std::mem::take(&mut batch.checked) {
+        let name = format!("full:{location}");
+        let stratum = strata.entry(name.clone()).or_insert_with(|| Stratum {
+            name,
+            ..Stratum::default()
+        });
+        tally(result, stratum, checked, &location);
+    }
+    tally_placement(std::mem::take(&mut batch.placement), result, strata);
 }
 
 async fn find_by_ids(
@@ -677,8 +874,9 @@ pub async fn run(
                 location: location.clone(),
                 source: mongodb::error::Error::custom(e),
             })?;
-        let count = match options.counted.get(&range_key(p)) {
+        let count = match options.counted.get(&p.id) {
             Some(read) => *read,
+            None if options.presence_done => 0,
             None => scene
                 .shards
                 .collection(&location)?
@@ -704,42 +902,45 @@ pub async fn run(
         }
     }
 
-    // Presence and content.
-    let locations = if options.presence_done {
-        Vec::new()
-    } else {
-        scene.from.locations()
-    };
+    // Presence and content: every source document of every location through one merged
+    // read (full), or samples per location.
     let mut rate = AdaptiveRate::new(settings.throttle_share(1), Instant::now());
-    for location in locations {
-        let scope = location_scope(&scene.from, &scene.to, &location);
-        let Some(filter) = scope_filter(&scene.from.tenant_key, &scope) else {
-            continue;
+    let mut scoped: BTreeMap<Location, SourceScope> = BTreeMap::new();
+    for location in scene.from.locations() {
+        let tenants = match location_scope(&scene.from, &scene.to, &location) {
+            MoveScope::Nothing => continue,
+            MoveScope::Everything { .. } => None,
+            MoveScope::Tenants(t) => Some(t),
         };
-        if options.full {
-            let name = format!("full:{location}");
-            let mut stratum = strata.remove(&name).unwrap_or(Stratum {
-                name: name.clone(),
-                ..Stratum::default()
-            });
-            let batch_size = settings.batch_size;
-            let (mut scan, mut targets) =
-                TargetStreams::open(scene, &location, &filter, batch_size).await?;
-            loop {
-                let batch = scan.next_batch().await?;
-                if batch.is_empty() {
-                    targets.finish(scene).await?;
-                    targets.tally_placement(&mut result, &mut strata);
-                    break;
-                }
-                let wait = rate.permit(batch.len() as u64, Instant::now());
-                tokio::time::sleep(wait).await;
-                let checked = check_batch_merged(scene, &location, &batch, &mut targets).await?;
-                tally(&mut result, &mut stratum, checked, &location);
-                targets.tally_placement(&mut result, &mut strata);
+        scoped.insert(
+            location,
+            SourceScope {
+                tenants,
+                partitions: Vec::new(),
+            },
+        );
+    }
+    if options.presence_done {
+        // A leased full run checked presence, content and placement partition by partition.
+    } else if options.full {
+        let batch_size = settings.batch_size;
+        let mut read =
+            FullRead::open(scene, scoped, &ids::IdRange::everything(), None, batch_size).await?;
+        loop {
+            let mut batch = read.next_batch(scene, batch_size).await?;
+            let wait = rate.permit(batch.source_documents, Instant::now());
+            tokio::time::sleep(wait).await;
+            tally_full(&mut batch, &mut result, &mut strata);
+            if batch.done {
+                break;
             }
-            strata.insert(name, stratum);
-        } else {
+        }
+    } else {
+        for (location, scope) in scoped {
+            let filter = match &scope.tenants {
+                Some(t) => crate::scope::tenant_filter(&scene.from.tenant_key, t),
+                None => Document::new(),
+            };
             for (name, docs) in sample_location(scene, &location, &filter, options).await? {
                 let mut stratum = strata.remove(&name).unwrap_or(Stratum {
                     name: name.clone(),
@@ -1146,15 +1347,22 @@ pub enum VerifyError {
 /// claims `verify` partitions, reads each through one cursor in `_id` order from its
 /// checkpoint, checks batch by batch at the migration's throttled rate, and stores each
 /// batch's findings with its checkpoint. Returns when no partition is left to claim.
+#[allow(clippy::too_many_arguments)]
 pub async fn verify_leased(
     store: &crate::store::Store,
     scene: &Scene,
+    backfill: &[Partition],
     run_id: i64,
     settings: &MigrationSettings,
     owner: &str,
     concurrency: usize,
     ttl: Duration,
 ) -> Result<(), VerifyError> {
+    let sources = full_sources(backfill).map_err(|e| ReadError::Mongo {
+        location: Location::new("*", "*"),
+        source: mongodb::error::Error::custom(e),
+    })?;
+    let sources = &sources;
     let rate = std::sync::Mutex::new(AdaptiveRate::new(
         settings.throttle_share(1),
         Instant::now(),
@@ -1183,7 +1391,8 @@ pub async fn verify_leased(
                     }
                 })
             };
-            let result = verify_partition(store, scene, &p, token, ttl, settings, &rate).await;
+            let result =
+                verify_partition(store, scene, sources, &p, token, ttl, settings, &rate).await;
             keeper.abort();
             result?;
         }
@@ -1195,26 +1404,57 @@ pub async fn verify_leased(
     Ok(())
 }
 
+/// The key of a verify partition's outcomes that counts the source documents it read in a
+/// backfill partition's range (`read:<partition id>`): the fresh count completeness needs.
+pub const READ_PREFIX: &str = "read:";
+
+/// Checks one `verify` partition: its `_id` range at every location ([`FullRead`]), or, for a
+/// partition planned by an earlier version of reshard, at its one source location (and every
+/// target location).
+#[allow(clippy::too_many_arguments)]
 async fn verify_partition(
     store: &crate::store::Store,
     scene: &Scene,
+    sources: &BTreeMap<Location, SourceScope>,
     p: &Partition,
     token: uuid::Uuid,
     ttl: Duration,
     settings: &MigrationSettings,
     rate: &std::sync::Mutex<AdaptiveRate>,
 ) -> Result<(), VerifyError> {
-    let location = p.location();
-    let filter = plan::partition_filter(&scene.from, p, true).map_err(|e| ReadError::Mongo {
-        location: location.clone(),
+    let unreadable = |e: String| ReadError::Mongo {
+        location: p.location(),
         source: mongodb::error::Error::custom(e),
-    })?;
+    };
+    let sources = if p.every_location() {
+        sources.clone()
+    } else {
+        let location = p.location();
+        let scope = match sources.get(&location) {
+            Some(scope) => scope.clone(),
+            None => SourceScope {
+                tenants: p
+                    .tenant_filter
+                    .as_ref()
+                    .map(|t| serde_json::from_value(t.clone()))
+                    .transpose()
+                    .map_err(|e| unreadable(format!("tenant filter unreadable: {e}")))?,
+                partitions: Vec::new(),
+            },
+        };
+        BTreeMap::from([(location, scope)])
+    };
+    let range = p.range().map_err(unreadable)?;
+    let resume = p
+        .last_id
+        .as_deref()
+        .map(ids::decode)
+        .transpose()
+        .map_err(unreadable)?;
     let mut outcomes: BTreeMap<String, u64> =
         serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
     let batch_size = settings.batch_size;
-    let (mut scan, mut targets) =
-        TargetStreams::open(scene, &location, &filter, batch_size).await?;
-    let name = format!("full:{location}");
+    let mut read = FullRead::open(scene, sources, &range, resume.as_ref(), batch_size).await?;
     // Checkpoints are written off the checks' path, one statement at a time: what was checked
     // while one was in flight goes into the next. Verification only reads, so work checked
     // after a checkpoint that finds the lease gone is simply dropped (the new holder goes on
@@ -1222,32 +1462,29 @@ async fn verify_partition(
     let mut unrecorded = Unrecorded::default();
     let mut recording: Option<tokio::task::JoinHandle<Result<Recorded, StoreError>>> = None;
     loop {
-        let batch = scan.next_batch().await?;
-        let done = batch.is_empty();
+        let mut batch = read.next_batch(scene, batch_size).await?;
+        let done = batch.done;
+        let wait = rate
+            .lock()
+            .unwrap()
+            .permit(batch.source_documents, Instant::now());
+        tokio::time::sleep(wait).await;
         let mut result = RunResult::default();
-        let mut stratum = Stratum {
-            name: name.clone(),
-            ..Stratum::default()
-        };
-        let last_id = batch.last().and_then(|d| d.get("_id")).map(ids::encode);
-        if done {
-            // What the targets hold past the source's last document: placement only.
-            targets.finish(scene).await?;
-        } else {
-            let wait = rate
-                .lock()
-                .unwrap()
-                .permit(batch.len() as u64, Instant::now());
-            tokio::time::sleep(wait).await;
-            let checked = check_batch_merged(scene, &location, &batch, &mut targets).await?;
-            tally(&mut result, &mut stratum, checked, &location);
-            *outcomes.entry(SOURCE_READ.to_owned()).or_default() += batch.len() as u64;
+        let mut strata = BTreeMap::new();
+        let last_id = batch.last_id.as_ref().map(ids::encode);
+        for (partition, n) in std::mem::take(&mut batch.reads) {
+            *outcomes
+                .entry(format!("{READ_PREFIX}{partition}"))
+                .or_default() += n;
         }
-        let mut placement = BTreeMap::new();
-        targets.tally_placement(&mut result, &mut placement);
-        // Each target's placement checks are a stratum of the run: the partition keeps their
-        // count beside its outcomes.
-        for (name, st) in placement {
+        tally_full(&mut batch, &mut result, &mut strata);
+        // Each source location's checks and each target's placement checks are a stratum of
+        // the run: the partition keeps their counts beside its outcomes.
+        let mut checked = 0;
+        for (name, st) in strata {
+            if name.starts_with("full:") {
+                checked += st.samples as i64;
+            }
             *outcomes.entry(name).or_default() += st.samples;
         }
         // A document in the wrong place is found from its source and again where it sits:
@@ -1260,7 +1497,7 @@ async fn verify_partition(
         for (k, n) in std::mem::take(&mut result.counts) {
             *outcomes.entry(k).or_default() += n;
         }
-        unrecorded.checked += stratum.samples as i64;
+        unrecorded.checked += checked;
         unrecorded.findings.append(&mut result.findings);
         if last_id.is_some() {
             unrecorded.last_id = last_id;
@@ -1386,6 +1623,130 @@ mod tests {
         assert!(
             !verdict(&[f("count")], &s).0,
             "a count mismatch never passes"
+        );
+    }
+
+    /// A backfill partition of `location` over `[lower, upper)` (string ids) that read `read`.
+    fn backfill(
+        id: i64,
+        location: &str,
+        lower: Option<&str>,
+        upper: Option<&str>,
+        read: i64,
+    ) -> Partition {
+        let (shard, collection) = location.split_once('/').unwrap();
+        let bound = |b: Option<&str>| b.map(|b| ids::encode(&Bson::String(b.to_owned())));
+        Partition {
+            id,
+            migration_id: 1,
+            task: crate::store::partitions::Task::Backfill,
+            source_shard: shard.to_owned(),
+            source_collection: collection.to_owned(),
+            id_type: ids::ANY_TYPE.to_owned(),
+            lower_bound: bound(lower),
+            upper_bound: bound(upper),
+            tenant_filter: None,
+            state: crate::store::partitions::PartitionState::Done,
+            lease_token: None,
+            lease_owner: None,
+            lease_expires_at: None,
+            last_id: None,
+            scanned: read,
+            inserted: read,
+            already_present: 0,
+            stamped: 0,
+            dead_lettered: 0,
+            skipped_foreign: 0,
+            deleted: 0,
+            kept: 0,
+            run_id: None,
+            outcomes: json!({}),
+            approx_documents: None,
+            attempts: 1,
+            created_at: chrono::Utc::now(),
+            started_at: None,
+            finished_at: None,
+            taken_over_from: None,
+        }
+    }
+
+    #[test]
+    fn verify_ranges_read_every_location_over_the_ranges_of_the_most_divided_one() {
+        let plan = [
+            backfill(1, "s1/orders", None, None, 300),
+            backfill(2, "s2/orders", None, Some("m"), 200),
+            backfill(3, "s2/orders", Some("m"), Some("t"), 100),
+            backfill(4, "s2/orders", Some("t"), None, 100),
+            backfill(5, "s3/orders", None, Some("g"), 50),
+            backfill(6, "s3/orders", Some("g"), None, 50),
+        ];
+        let ranges = verify_ranges(&plan);
+        let bounds: Vec<(Option<Bson>, Option<Bson>)> = ranges
+            .iter()
+            .map(|p| {
+                let d = |b: &Option<Vec<u8>>| b.as_deref().map(|b| ids::decode(b).unwrap());
+                (d(&p.lower_bound), d(&p.upper_bound))
+            })
+            .collect();
+        let s = |t: &str| Some(Bson::String(t.to_owned()));
+        assert_eq!(
+            bounds,
+            vec![(None, s("m")), (s("m"), s("t")), (s("t"), None)],
+            "s2's ranges, in order, cover every _id"
+        );
+        for p in &ranges {
+            assert_eq!(p.source_shard, crate::store::partitions::EVERY_LOCATION);
+            assert_eq!(
+                p.source_collection,
+                crate::store::partitions::EVERY_LOCATION
+            );
+            assert_eq!(p.id_type, ids::ANY_TYPE);
+            assert_eq!(p.tenant_filter, None);
+        }
+        // Sized at each range's share of everything read (800), by s2's shares (2:1:1).
+        let sizes: Vec<i64> = ranges.iter().map(|p| p.approx_documents.unwrap()).collect();
+        assert_eq!(sizes, vec![400, 200, 200]);
+
+        // One partition per location: one range, everything.
+        let one = verify_ranges(&[
+            backfill(1, "s1/orders", None, None, 10),
+            backfill(2, "s2/orders", None, None, 20),
+        ]);
+        assert_eq!(one.len(), 1);
+        assert_eq!((&one[0].lower_bound, &one[0].upper_bound), (&None, &None));
+        assert_eq!(one[0].approx_documents, Some(30));
+        assert!(verify_ranges(&[]).is_empty());
+    }
+
+    #[test]
+    fn full_sources_keep_each_location_s_partitions_and_refuse_mixed_tenants() {
+        let plan = [
+            backfill(7, "s1/orders", None, Some("m"), 1),
+            backfill(8, "s1/orders", Some("m"), None, 1),
+            backfill(9, "s2/orders", None, None, 1),
+        ];
+        let sources = full_sources(&plan).unwrap();
+        assert_eq!(sources.len(), 2);
+        let s1 = &sources[&Location::new("s1", "orders")];
+        assert_eq!(s1.tenants, None);
+        let holder = |id: &str| {
+            s1.partitions
+                .iter()
+                .find(|(r, _)| r.contains(&Bson::String(id.to_owned())))
+                .map(|(_, p)| *p)
+        };
+        assert_eq!(
+            (holder("a"), holder("m"), holder("z")),
+            (Some(7), Some(8), Some(8))
+        );
+
+        let mut scoped = backfill(10, "s1/orders", None, Some("m"), 1);
+        scoped.tenant_filter = Some(json!([{"type": "string", "value": "cust-1"}]));
+        let mixed = [scoped, backfill(11, "s1/orders", Some("m"), None, 1)];
+        let err = full_sources(&mixed).unwrap_err();
+        assert!(
+            err.contains("s1/orders") && err.contains("different tenants"),
+            "{err}"
         );
     }
 }

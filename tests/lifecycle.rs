@@ -517,13 +517,15 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
         .map(|p| {
             let o: BTreeMap<String, u64> = serde_json::from_value(p.outcomes.clone()).unwrap();
             // The source documents' outcomes (not the placement of what the targets hold,
-            // nor the count of what was read).
+            // nor the strata, nor the counts of what was read).
             o.iter()
                 .filter(|(k, _)| {
                     !matches!(
                         k.as_str(),
                         "ignored" | "placed" | reshard::reconcile::SOURCE_READ
                     ) && !k.starts_with("placement:")
+                        && !k.starts_with("full:")
+                        && !k.starts_with(reshard::reconcile::READ_PREFIX)
                 })
                 .map(|(_, n)| n)
                 .sum::<u64>()

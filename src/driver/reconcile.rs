@@ -143,7 +143,8 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
                 )
                 .await?;
             if options.full {
-                driver.store.plan_verify(run.id, id).await?;
+                let ranges = reconcile::verify_ranges(&partitions);
+                driver.store.plan_verify(run.id, id, &ranges).await?;
             }
             run
         }
@@ -159,6 +160,7 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
             reconcile::verify_leased(
                 &driver.store,
                 &scene,
+                &partitions,
                 run.id,
                 &settings,
                 &request.owner,
@@ -174,18 +176,34 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
             if verify.iter().all(|p| p.state == PartitionState::Done) {
                 let mut per_location: BTreeMap<String, u64> = BTreeMap::new();
                 for p in &verify {
-                    *per_location
-                        .entry(format!("full:{}", p.location()))
-                        .or_default() += p.scanned as u64;
                     let mut o: BTreeMap<String, u64> =
                         serde_json::from_value(p.outcomes.clone()).unwrap_or_default();
-                    // What the partition read is the fresh count completeness needs.
+                    // What the partition read in each backfill partition's range is the fresh
+                    // count completeness needs.
                     if let Some(read) = o.remove(reconcile::SOURCE_READ) {
-                        counted.insert(reconcile::range_key(p), read as i64);
+                        // Planned by an earlier version: one per backfill range.
+                        let key = reconcile::range_key(p);
+                        if let Some(b) = partitions.iter().find(|b| reconcile::range_key(b) == key)
+                        {
+                            *counted.entry(b.id).or_default() += read as i64;
+                        }
                     }
-                    // The placement checks of its merge, per target location.
+                    if !p.every_location() {
+                        // An earlier version's partition checked one source location.
+                        o.retain(|k, _| !k.starts_with("full:"));
+                        *per_location
+                            .entry(format!("full:{}", p.location()))
+                            .or_default() += p.scanned as u64;
+                    }
+                    // The checks of each source location and the placement checks of each
+                    // target location are strata of the run.
                     o.retain(|k, n| {
-                        if k.starts_with("placement:") {
+                        if let Some(b) = k.strip_prefix(reconcile::READ_PREFIX) {
+                            if let Ok(b) = b.parse::<i64>() {
+                                *counted.entry(b).or_default() += *n as i64;
+                            }
+                            false
+                        } else if k.starts_with("placement:") || k.starts_with("full:") {
                             *per_location.entry(k.clone()).or_default() += *n;
                             false
                         } else {

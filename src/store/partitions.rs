@@ -128,7 +128,16 @@ pub struct NewPartition {
     pub approx_documents: Option<i64>,
 }
 
+/// What a `verify` partition names as its source shard and collection: it is an `_id` range
+/// read at every location ([`crate::reconcile::FullRead`]).
+pub const EVERY_LOCATION: &str = "*";
+
 impl Partition {
+    /// A `verify` partition read at every location rather than at one source location.
+    pub fn every_location(&self) -> bool {
+        self.source_shard == EVERY_LOCATION && self.source_collection == EVERY_LOCATION
+    }
+
     /// The location it scans.
     pub fn location(&self) -> crate::routing::Location {
         crate::routing::Location::new(self.source_shard.clone(), self.source_collection.clone())

@@ -215,20 +215,35 @@ impl Store {
         })
     }
 
-    /// Creates the `verify` partitions of a full run: the backfill's ranges.
-    pub async fn plan_verify(&self, run_id: i64, migration_id: i64) -> StoreResult<u64> {
-        let r = sqlx::query(
-            "INSERT INTO partitions (migration_id, task, run_id, source_shard, source_collection,
-                 id_type, lower_bound, upper_bound, tenant_filter, approx_documents)
-             SELECT migration_id, 'verify', $1, source_shard, source_collection, id_type,
-                    lower_bound, upper_bound, tenant_filter, scanned
-             FROM partitions WHERE migration_id = $2 AND task = 'backfill' ORDER BY id",
-        )
-        .bind(run_id)
-        .bind(migration_id)
-        .execute(self.pool())
-        .await?;
-        Ok(r.rows_affected())
+    /// Creates the `verify` partitions of a full run ([`crate::reconcile::verify_ranges`]).
+    pub async fn plan_verify(
+        &self,
+        run_id: i64,
+        migration_id: i64,
+        ranges: &[super::partitions::NewPartition],
+    ) -> StoreResult<u64> {
+        let mut tx = self.pool().begin().await?;
+        for p in ranges {
+            sqlx::query(
+                "INSERT INTO partitions (migration_id, task, run_id, source_shard,
+                     source_collection, id_type, lower_bound, upper_bound, tenant_filter,
+                     approx_documents)
+                 VALUES ($1, 'verify', $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(migration_id)
+            .bind(run_id)
+            .bind(&p.source_shard)
+            .bind(&p.source_collection)
+            .bind(&p.id_type)
+            .bind(&p.lower_bound)
+            .bind(&p.upper_bound)
+            .bind(&p.tenant_filter)
+            .bind(p.approx_documents)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(ranges.len() as u64)
     }
 
     /// Claims a `verify` partition of a run (pending, or its lease expired).
