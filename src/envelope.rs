@@ -11,7 +11,7 @@
 //! - `mig`: set by a rollback's mirror on the source document it wrote: mirrors compare
 //!   revisions only among the documents this migration mirrored.
 
-use mongodb::bson::{doc, Bson, DateTime, Document};
+use mongodb::bson::{doc, rawdoc, Bson, DateTime, Document, RawDocument, RawDocumentBuf};
 
 use crate::routing::RoutingVersion;
 
@@ -109,6 +109,68 @@ pub fn copy(mut doc: Document, version: &RoutingVersion, sub_bucket: u32, epoch:
     let rev = revision(&doc);
     doc.insert(META, doc! { "src": "copy", "epoch": epoch, "rev": rev });
     doc
+}
+
+/// [`copy`] of a document as read, in its raw bytes: the same fields in the same order (the
+/// routing field and `_reshard` replaced where they stand, else appended, as [`copy`] does),
+/// the rest carried over without being parsed. The backfill's copies take this path
+/// ([`crate::copy::steps::Scanned`]): parsing every document into a [`Document`] and encoding
+/// it again was most of the copier's own CPU. `Err`: the bytes are not a valid document.
+pub fn copy_raw(
+    doc: &RawDocument,
+    version: &RoutingVersion,
+    sub_bucket: u32,
+    epoch: i64,
+) -> Result<RawDocumentBuf, mongodb::bson::raw::Error> {
+    let field = version.routing_field();
+    let rev = match doc.get(META)? {
+        Some(mongodb::bson::RawBsonRef::Document(m)) => match m.get("rev")? {
+            Some(mongodb::bson::RawBsonRef::Int32(r)) => i64::from(r),
+            Some(mongodb::bson::RawBsonRef::Int64(r)) => r,
+            _ => 0,
+        },
+        _ => 0,
+    };
+    let meta = rawdoc! { "src": "copy", "epoch": epoch, "rev": rev };
+    let mut out = RawDocumentBuf::new();
+    let (mut field_set, mut meta_set) = (false, false);
+    for element in doc {
+        let (key, value) = element?;
+        if Some(key) == field {
+            if !field_set {
+                out.append(key, sub_bucket as i32);
+                field_set = true;
+            }
+        } else if key == META {
+            if !meta_set {
+                out.append(key, meta.clone());
+                meta_set = true;
+            }
+        } else {
+            out.append_ref(key, value);
+        }
+    }
+    if let Some(field) = field.filter(|_| !field_set) {
+        out.append(field, sub_bucket as i32);
+    }
+    if !meta_set {
+        out.append(META, meta);
+    }
+    Ok(out)
+}
+
+/// The fields named in `fields` of a document as read, parsed (the rest is not): what routing
+/// and the disposition of a scanned document read ([`crate::copy::steps::Scanned`]).
+pub fn head(doc: &RawDocument, fields: &[&str]) -> Result<Document, mongodb::bson::raw::Error> {
+    let mut head = Document::new();
+    for element in doc {
+        let (key, value) = element?;
+        if fields.contains(&key) && !head.contains_key(key) {
+            let value = Bson::try_from(value.to_raw_bson())?;
+            head.insert(key, value);
+        }
+    }
+    Ok(head)
 }
 
 /// What the application wrote, as stored: its document with the version's routing field and
@@ -263,6 +325,82 @@ pub fn immutable(path: &str, tenant_key: &str, routing_fields: &[&str]) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    mod raw {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A field value of a few kinds, nested once.
+        fn value() -> impl Strategy<Value = Bson> {
+            let leaf = prop_oneof![
+                any::<i32>().prop_map(Bson::Int32),
+                any::<i64>().prop_map(Bson::Int64),
+                "[a-z]{0,6}".prop_map(Bson::String),
+                any::<bool>().prop_map(Bson::Boolean),
+                Just(Bson::Null),
+            ];
+            leaf.prop_recursive(2, 8, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Bson::Array),
+                    prop::collection::vec(("[a-c]", inner), 0..4)
+                        .prop_map(|kv| Bson::Document(kv.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// Documents whose fields may include the routing field and `_reshard` (with or
+        /// without a revision, of either integer type), anywhere.
+        fn document() -> impl Strategy<Value = Document> {
+            let key = prop_oneof![
+                Just("bucket".to_owned()),
+                Just(META.to_owned()),
+                "[a-e]{1,2}",
+            ];
+            let meta = prop_oneof![
+                Just(Bson::Document(doc! { "src": "app", "rev": 3 })),
+                Just(Bson::Document(
+                    doc! { "src": "app", "rev": 4_i64, "epoch": 2_i64 }
+                )),
+                Just(Bson::Document(doc! { "deleted": true })),
+                Just(Bson::Int32(1)),
+            ];
+            (
+                prop::collection::vec((key, value()), 0..8),
+                meta,
+                any::<bool>(),
+            )
+                .prop_map(|(fields, meta, id_first)| {
+                    let mut d = Document::new();
+                    if id_first {
+                        d.insert("_id", 1);
+                    }
+                    for (k, v) in fields {
+                        let v = if k == META { meta.clone() } else { v };
+                        d.insert(k, v);
+                    }
+                    d.insert("_id", 1);
+                    d
+                })
+        }
+
+        proptest! {
+            #[test]
+            fn a_raw_copy_is_the_parsed_copy_encoded(d in document(), epoch in 0_i64..100, sub in 0_u32..64) {
+                for field in [None, Some("bucket")] {
+                    let version = crate::routing::one_shard_version(field);
+                    let want = RawDocumentBuf::from_document(&copy(d.clone(), &version, sub, epoch)).unwrap();
+                    let raw = RawDocumentBuf::from_document(&d).unwrap();
+                    let got = copy_raw(&raw, &version, sub, epoch).unwrap();
+                    prop_assert_eq!(got.as_bytes(), want.as_bytes(), "{:?}", d);
+                    let head = head(&raw, &["_id", META, "bucket"]).unwrap();
+                    prop_assert_eq!(head.get("_id"), d.get("_id"));
+                    prop_assert_eq!(head.get(META), d.get(META));
+                    prop_assert_eq!(head.get("bucket"), d.get("bucket"));
+                    prop_assert!(head.len() <= 3);
+                }
+            }
+        }
+    }
 
     fn version(field: Option<&str>) -> RoutingVersion {
         crate::routing::one_shard_version(field)

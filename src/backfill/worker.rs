@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, Bson, Document, RawDocumentBuf};
 use mongodb::options::WriteConcern;
 use serde_json::json;
 use tokio::sync::watch;
@@ -943,7 +943,7 @@ impl Worker {
                     )));
                 }
                 CleanupDecision::DeleteSource => batch.push(
-                    protocol::cleanup_delete_step(),
+                    protocol::cleanup_delete_step::<Document, Document>(),
                     Kind::Delete,
                     &id,
                     location,
@@ -1164,9 +1164,23 @@ impl Worker {
             _ => Vec::new(),
         };
         let projection = doc! { "_id": 1, format!("{}.deleted", envelope::META): 1 };
+        let read = async {
+            Ok(match shared.task {
+                // The backfill copies the bytes it read: only routing fields are parsed.
+                Task::Backfill => PartitionScan::Raw(
+                    self.shards
+                        .scan_raw(&location, filter.clone(), batch_size.clone())
+                        .await?,
+                ),
+                _ => PartitionScan::Parsed(
+                    self.shards
+                        .scan(&location, filter.clone(), batch_size.clone())
+                        .await?,
+                ),
+            })
+        };
         let opened = futures::future::try_join(
-            self.shards
-                .scan(&location, filter.clone(), batch_size.clone()),
+            read,
             futures::future::try_join_all(targets.iter().map(|target| {
                 self.shards.scan_with(
                     target,
@@ -1281,7 +1295,7 @@ impl Worker {
                             continue;
                         }
                     };
-                    if docs.is_empty() {
+                    if docs.len() == 0 {
                         read_all = true;
                         continue;
                     }
@@ -1293,24 +1307,25 @@ impl Worker {
                     if !wait.is_zero() {
                         tokio::time::sleep(wait).await;
                     }
-                    let last_id = docs
-                        .last()
-                        .and_then(|d| d.get("_id").cloned())
-                        .unwrap_or(Bson::Null);
+                    let last_id = docs.last_id();
                     let started = Instant::now();
-                    let prepared = match shared.task {
-                        Task::Backfill => {
+                    let prepared = match (shared.task, docs) {
+                        (Task::Backfill, ReadBatch::Raw(docs)) => {
                             prepare_batch(&shared.from, &shared.to, &location, shared.epoch, docs)
                         }
-                        Task::Revert => prepare_revert(
+                        (Task::Backfill, ReadBatch::Parsed(docs)) => {
+                            prepare_batch(&shared.from, &shared.to, &location, shared.epoch, docs)
+                        }
+                        (_, ReadBatch::Raw(_)) => unreachable!("only the backfill reads raw"),
+                        (Task::Revert, ReadBatch::Parsed(docs)) => prepare_revert(
                             &shared.from,
                             &shared.to,
                             shared.migration,
                             &location,
                             docs,
                         ),
-                        Task::Verify => unreachable!("workers do not serve verify partitions"),
-                        Task::Cleanup => match self
+                        (Task::Verify, _) => unreachable!("workers do not serve verify partitions"),
+                        (Task::Cleanup, ReadBatch::Parsed(docs)) => match self
                     .prepare_cleanup(shared, &location, docs, &mut cleanup_targets)
                     .await
                 {
@@ -1617,6 +1632,49 @@ pub enum Kind {
     Mirror,
 }
 
+/// A partition's scan: the backfill's reads the documents as the server sent them (its copies
+/// are built from those bytes, [`steps::Scanned`]); the other tasks' parse them.
+enum PartitionScan {
+    Parsed(crate::shards::read::Scan),
+    Raw(crate::shards::read::Scan<RawDocumentBuf>),
+}
+
+/// A batch a [`PartitionScan`] read.
+enum ReadBatch {
+    Parsed(Vec<Document>),
+    Raw(Vec<RawDocumentBuf>),
+}
+
+impl PartitionScan {
+    async fn next_batch(&mut self) -> Result<ReadBatch, crate::shards::read::ReadError> {
+        Ok(match self {
+            PartitionScan::Parsed(scan) => ReadBatch::Parsed(scan.next_batch().await?),
+            PartitionScan::Raw(scan) => ReadBatch::Raw(scan.next_batch().await?),
+        })
+    }
+}
+
+impl ReadBatch {
+    fn len(&self) -> usize {
+        match self {
+            ReadBatch::Parsed(docs) => docs.len(),
+            ReadBatch::Raw(docs) => docs.len(),
+        }
+    }
+
+    /// The `_id` of the last document: the checkpoint's resume point.
+    fn last_id(&self) -> Bson {
+        match self {
+            ReadBatch::Parsed(docs) => docs.last().and_then(|d| d.get("_id").cloned()),
+            ReadBatch::Raw(docs) => docs
+                .last()
+                .and_then(|d| d.get("_id").ok().flatten())
+                .and_then(|id| Bson::try_from(id.to_raw_bson()).ok()),
+        }
+        .unwrap_or(Bson::Null)
+    }
+}
+
 /// A batch ready to write: the statements, the id and target of each, and what was settled
 /// without writing (documents that stay without stamping, foreign documents, documents that
 /// cannot be routed).
@@ -1635,9 +1693,9 @@ impl PreparedBatch {
     /// in the decisions: it becomes a dead letter naming it, so nothing is written blindly
     /// and the ledger still balances.
     #[allow(clippy::too_many_arguments)]
-    fn push(
+    fn push<D: steps::Scanned>(
         &mut self,
-        step: Step<Document, Document>,
+        step: Step<D, Document>,
         kind: Kind,
         id: &Bson,
         scanned: &Location,
@@ -1678,12 +1736,12 @@ impl PreparedBatch {
 /// - a tombstone, or a document of the other layout in a collection both share: not a source
 ///   document, outside the ledger (`skipped_foreign`);
 /// - a document that cannot be routed: a dead letter.
-pub fn prepare_batch(
+pub fn prepare_batch<D: steps::Scanned>(
     from: &RoutingVersion,
     to: &RoutingVersion,
     location: &Location,
     epoch: i64,
-    docs: Vec<Document>,
+    docs: Vec<D>,
 ) -> PreparedBatch {
     let context = steps::Context {
         from,
@@ -1693,8 +1751,14 @@ pub fn prepare_batch(
     };
     let mut batch = PreparedBatch::default();
     for doc in docs {
-        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        let d = disposition::of(Side::Source, from, to, location, &doc);
+        // What routing reads, parsed (a raw document's other fields are copied unparsed).
+        let (id, d) = match doc.head(from, to) {
+            Ok(head) => (
+                head.get("_id").cloned().unwrap_or(Bson::Null),
+                disposition::of(Side::Source, from, to, location, &head),
+            ),
+            Err(reason) => (Bson::Null, Disposition::Unroutable { reason }),
+        };
         if d.is_source_document() {
             batch.checkpoint.scanned += 1;
         }
@@ -1779,7 +1843,8 @@ pub fn cleanup_candidates(
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
         let d = disposition::of(Side::Source, from, to, location, doc);
-        match protocol::cleanup_action(&d, skipped.contains(&ids::text(&id))) {
+        match protocol::cleanup_action(&d, !skipped.is_empty() && skipped.contains(&ids::text(&id)))
+        {
             CleanupAction::LookUp => {
                 checkpoint.scanned += 1;
                 moved.push((id, d));
@@ -1910,5 +1975,66 @@ mod tests {
         let dl = &b.checkpoint.dead_letters[0];
         assert_eq!(dl.doc_id_text, "x");
         assert!(dl.message.contains("customerId"), "{}", dl.message);
+    }
+
+    /// The backfill reads raw documents and copies their bytes; what it decides and writes
+    /// must be exactly what it would from the parsed documents.
+    #[test]
+    fn raw_and_parsed_batches_make_the_same_statements_and_ledger() {
+        let (from, to) = (version(1, TWO, None), version(16, TWO, Some("bucket")));
+        let (moves, here) = doc_that(&from, &to, "hot", true);
+        let mut moves_written = moves.clone();
+        moves_written.insert("bucket", 3);
+        moves_written.insert("_reshard", doc! { "src": "app", "epoch": 2, "rev": 5 });
+        moves_written.insert("nested", doc! { "a": [1, "two", { "b": 3.5 }] });
+        let mut docs = vec![moves, moves_written];
+        for tenant in ["hot", "a", "b", "c"] {
+            for i in 0..30 {
+                let id = format!("{tenant}-{i}");
+                let at = from
+                    .locate(
+                        &KeyValue::String(tenant.into()),
+                        &KeyValue::String(id.clone()),
+                    )
+                    .unwrap()
+                    .locations[0]
+                    .clone();
+                if at == here {
+                    docs.push(doc! { "_id": id, "customerId": tenant, "total": i });
+                }
+            }
+        }
+        docs.push(doc! { "_id": "t", "customerId": "hot", "_reshard": { "deleted": true } });
+        docs.push(doc! { "_id": "x", "total": 1 });
+        let raw: Vec<RawDocumentBuf> = docs
+            .iter()
+            .map(|d| RawDocumentBuf::from_document(d).unwrap())
+            .collect();
+        let parsed = prepare_batch(&from, &to, &here, 9, docs);
+        let unparsed = prepare_batch(&from, &to, &here, 9, raw);
+        assert!(parsed.statements.len() > 4, "{parsed:?}");
+        let encoded = |b: &PreparedBatch| -> Vec<(Location, Bson, Vec<u8>)> {
+            b.statements
+                .iter()
+                .map(|st| {
+                    let bytes = match &st.op {
+                        crate::copy::WriteOp::Insert(d) => {
+                            RawDocumentBuf::from_document(d).unwrap().into_bytes()
+                        }
+                        crate::copy::WriteOp::InsertRaw(r) => r.as_bytes().to_vec(),
+                        other => format!("{other:?}").into_bytes(),
+                    };
+                    (st.location.clone(), st.id.clone(), bytes)
+                })
+                .collect()
+        };
+        assert_eq!(encoded(&parsed), encoded(&unparsed));
+        assert!(unparsed
+            .statements
+            .iter()
+            .any(|st| matches!(st.op, crate::copy::WriteOp::InsertRaw(_))));
+        assert_eq!(parsed.kinds, unparsed.kinds);
+        assert_eq!(parsed.targets, unparsed.targets);
+        assert_eq!(parsed.checkpoint, unparsed.checkpoint);
     }
 }

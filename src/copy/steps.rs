@@ -4,7 +4,9 @@
 //! step's payload gets. The router executes the same steps one document at a time
 //! (`router::exec`); here they are batched, and a batch's statements land in any order.
 
-use mongodb::bson::{Bson, Document};
+use std::borrow::Cow;
+
+use mongodb::bson::{Bson, Document, RawDocumentBuf};
 
 use super::writer::{Modification, Statement, WriteOp};
 use crate::disposition::Disposition;
@@ -21,6 +23,68 @@ pub struct Context<'a> {
     pub epoch: i64,
 }
 
+/// A source document as a worker read it: parsed ([`Document`]), or the bytes the server sent
+/// ([`RawDocumentBuf`], the backfill's scan), which are copied without being parsed.
+pub trait Scanned: std::fmt::Debug + Sized {
+    /// What routing and the disposition read (`_id`, the tenant key and id field, the routing
+    /// fields of both versions, `_reshard`), parsed: the whole document when it is parsed
+    /// already. `Err`: the bytes are not a valid document.
+    fn head(&self, from: &RoutingVersion, to: &RoutingVersion)
+        -> Result<Cow<'_, Document>, String>;
+
+    /// The insert of its pristine copy for version `to` ([`envelope::copy`]).
+    fn into_copy(self, to: &RoutingVersion, sub_bucket: u32, epoch: i64)
+        -> Result<WriteOp, String>;
+}
+
+impl Scanned for Document {
+    fn head(&self, _: &RoutingVersion, _: &RoutingVersion) -> Result<Cow<'_, Document>, String> {
+        Ok(Cow::Borrowed(self))
+    }
+
+    fn into_copy(
+        self,
+        to: &RoutingVersion,
+        sub_bucket: u32,
+        epoch: i64,
+    ) -> Result<WriteOp, String> {
+        Ok(WriteOp::Insert(envelope::copy(self, to, sub_bucket, epoch)))
+    }
+}
+
+impl Scanned for RawDocumentBuf {
+    fn head(
+        &self,
+        from: &RoutingVersion,
+        to: &RoutingVersion,
+    ) -> Result<Cow<'_, Document>, String> {
+        let mut fields = vec![
+            "_id",
+            envelope::META,
+            from.tenant_key.as_str(),
+            from.id_field.as_str(),
+            to.tenant_key.as_str(),
+            to.id_field.as_str(),
+        ];
+        fields.extend(from.routing_field());
+        fields.extend(to.routing_field());
+        envelope::head(self, &fields)
+            .map(Cow::Owned)
+            .map_err(|e| format!("the document read is not valid BSON: {e}"))
+    }
+
+    fn into_copy(
+        self,
+        to: &RoutingVersion,
+        sub_bucket: u32,
+        epoch: i64,
+    ) -> Result<WriteOp, String> {
+        envelope::copy_raw(&self, to, sub_bucket, epoch)
+            .map(WriteOp::InsertRaw)
+            .map_err(|e| format!("the document read is not valid BSON: {e}"))
+    }
+}
+
 /// A step a worker cannot send as a bulk statement (a router's step, or a step that does not
 /// fit the document's disposition): a bug, reported rather than guessed at.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -32,40 +96,40 @@ pub struct NotAWorkerStep {
 
 /// The statement of `step`, decided for the document `id` read at `scanned` with disposition
 /// `disposition`. `image` is the document as scanned: the first half of a mirror.
-pub fn statement(
-    step: Step<Document, Document>,
+pub fn statement<D: Scanned>(
+    step: Step<D, Document>,
     id: &Bson,
     scanned: &Location,
     disposition: &Disposition,
     image: Option<&Document>,
     context: &Context<'_>,
 ) -> Result<Statement, NotAWorkerStep> {
-    let refuse = |step: &Step<Document, Document>| NotAWorkerStep {
+    let refuse = |step: &Step<D, Document>| NotAWorkerStep {
         step: format!("{step:?}").chars().take(80).collect(),
         disposition: format!("{disposition:?}"),
     };
-    match (&step, disposition) {
+    // By value: the copy is the scanned document itself, never a clone of it.
+    match (step, disposition) {
         // The copier's insert-if-absent of a pristine copy, at the target location.
         (
             Step::Insert(Side::Target, Payload::Copy(doc)),
             Disposition::Moves { target, sub_bucket },
-        ) => Ok(Statement::new(
-            target.clone(),
-            id.clone(),
-            WriteOp::Insert(envelope::copy(
-                doc.clone(),
-                context.to,
-                *sub_bucket,
-                context.epoch,
-            )),
-        )),
+        ) => {
+            let copy = doc
+                .into_copy(context.to, *sub_bucket, context.epoch)
+                .map_err(|reason| NotAWorkerStep {
+                    step: "Insert(Target, Copy(..))".to_owned(),
+                    disposition: reason,
+                })?;
+            Ok(Statement::new(target.clone(), id.clone(), copy))
+        }
         // The stamp of a document that stays: the routing field, on the live document only.
         (Step::UpdateLive(Side::Target, update), Disposition::Stays { .. }) => Ok(Statement::new(
             scanned.clone(),
             id.clone(),
             WriteOp::Update {
                 filter: envelope::live(id),
-                update: Modification::Document(update.clone()),
+                update: Modification::Document(update),
                 upsert: false,
             },
         )),
@@ -75,7 +139,7 @@ pub fn statement(
         }
         // The revert copier's mirror: the scanned target image, carried back by revision.
         (
-            Step::MirrorToSource,
+            step @ Step::MirrorToSource,
             Disposition::Placed {
                 source, sub_bucket, ..
             }
@@ -101,7 +165,7 @@ pub fn statement(
                 },
             ))
         }
-        _ => Err(refuse(&step)),
+        (step, _) => Err(refuse(&step)),
     }
 }
 
@@ -147,7 +211,7 @@ mod tests {
         assert_eq!(written.get_i32("bucket").unwrap(), 2);
         assert!(envelope::is_pristine_copy(written));
 
-        let delete = statement(
+        let delete = statement::<Document>(
             Step::Delete(Side::Source),
             &id,
             &here,
@@ -164,7 +228,7 @@ mod tests {
             pristine: false,
         };
         let image = doc! { "_id": 1, "customerId": "c", "bucket": 2, "_reshard": { "src": "app", "rev": 3 } };
-        let mirror = statement(
+        let mirror = statement::<Document>(
             Step::MirrorToSource,
             &id,
             &there,
@@ -177,8 +241,16 @@ mod tests {
         assert!(matches!(mirror.op, WriteOp::Update { upsert: true, .. }));
 
         // A router's step, or a step that does not fit the disposition, is refused.
-        assert!(statement(Step::Find(Side::Target), &id, &here, &moves, None, &context).is_err());
-        assert!(statement(
+        assert!(statement::<Document>(
+            Step::Find(Side::Target),
+            &id,
+            &here,
+            &moves,
+            None,
+            &context
+        )
+        .is_err());
+        assert!(statement::<Document>(
             Step::Delete(Side::Source),
             &id,
             &here,

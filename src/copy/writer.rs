@@ -72,8 +72,11 @@ impl From<Vec<Document>> for Modification {
 /// What a statement does.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WriteOp {
-    /// Insert this document (backfill copies).
+    /// Insert this document (the router's copies, a repair's).
     Insert(Document),
+    /// Insert this document as it is encoded (the backfill's copies, built from the bytes
+    /// read: [`crate::envelope::copy_raw`]).
+    InsertRaw(RawDocumentBuf),
     /// Delete at most one document matching `filter` (cleanup): a statement stands for one
     /// document.
     Delete {
@@ -125,7 +128,7 @@ impl WriteOp {
     /// The command this operation is sent with.
     pub fn kind(&self) -> OpKind {
         match self {
-            WriteOp::Insert(_) => OpKind::Insert,
+            WriteOp::Insert(_) | WriteOp::InsertRaw(_) => OpKind::Insert,
             WriteOp::Delete { .. } => OpKind::Delete,
             WriteOp::Update { .. } => OpKind::Update,
         }
@@ -136,6 +139,7 @@ impl WriteOp {
     fn encode(&self) -> Result<RawDocumentBuf, mongodb::bson::raw::Error> {
         match self {
             WriteOp::Insert(document) => RawDocumentBuf::from_document(document),
+            WriteOp::InsertRaw(document) => Ok(document.clone()),
             WriteOp::Delete { filter } => {
                 RawDocumentBuf::from_document(&doc! { "q": filter, "limit": 1 })
             }

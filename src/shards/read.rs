@@ -96,6 +96,30 @@ impl Shards {
         projection: Option<Document>,
         batch_size: Arc<dyn Fn() -> usize + Send + Sync>,
     ) -> Result<Scan, ReadError> {
+        self.scan_as(location, filter, projection, batch_size).await
+    }
+
+    /// [`Shards::scan`] of the documents as the server sent them, unparsed: the backfill
+    /// copies them without parsing more than their routing fields.
+    pub async fn scan_raw(
+        &self,
+        location: &Location,
+        filter: Document,
+        batch_size: Arc<dyn Fn() -> usize + Send + Sync>,
+    ) -> Result<Scan<mongodb::bson::RawDocumentBuf>, ReadError> {
+        self.scan_as(location, filter, None, batch_size).await
+    }
+
+    async fn scan_as<T>(
+        &self,
+        location: &Location,
+        filter: Document,
+        projection: Option<Document>,
+        batch_size: Arc<dyn Fn() -> usize + Send + Sync>,
+    ) -> Result<Scan<T>, ReadError>
+    where
+        T: serde::de::DeserializeOwned + Send + Sync + Unpin + 'static,
+    {
         let first = batch_size().clamp(1, u32::MAX as usize) as u32;
         let options = mongodb::options::FindOptions::builder()
             .sort(doc! { "_id": 1 })
@@ -104,12 +128,13 @@ impl Shards {
             .build();
         let cursor = self
             .collection(location)?
+            .clone_with_type::<T>()
             .find(filter)
             .with_options(options)
             .await
             .map_err(ReadError::at(location))?;
         // One batch ahead at most, so memory stays at two batches per scan.
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<Document>, ReadError>>(1);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<T>, ReadError>>(1);
         let location = location.clone();
         let reader = tokio::spawn(async move {
             let mut cursor = cursor;
@@ -145,14 +170,14 @@ impl Shards {
 }
 
 /// A scan in progress ([`Shards::scan`]). Dropping it stops the reader.
-pub struct Scan {
-    rx: tokio::sync::mpsc::Receiver<Result<Vec<Document>, ReadError>>,
+pub struct Scan<T = Document> {
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<T>, ReadError>>,
     reader: tokio::task::JoinHandle<()>,
 }
 
-impl Scan {
+impl<T> Scan<T> {
     /// The next batch; an empty one at the end of the scan.
-    pub async fn next_batch(&mut self) -> Result<Vec<Document>, ReadError> {
+    pub async fn next_batch(&mut self) -> Result<Vec<T>, ReadError> {
         match self.rx.recv().await {
             Some(batch) => batch,
             None => Ok(Vec::new()),
@@ -160,7 +185,7 @@ impl Scan {
     }
 }
 
-impl Drop for Scan {
+impl<T> Drop for Scan<T> {
     fn drop(&mut self) {
         self.reader.abort();
     }
