@@ -313,6 +313,52 @@ pub fn content_differences(
     differing
 }
 
+/// [`content_differences`] of two documents as read, in their raw bytes. A pristine copy
+/// keeps its source's fields in their order ([`copy_raw`]), so the top-level fields apart from
+/// the bookkeeping are first compared in step, as they were read (a nested document or array
+/// by its bytes): when every one matches the copy equals its source and nothing is parsed. Only when that finds a difference are both
+/// documents parsed and compared as values ([`content_differences`]): a nested document
+/// whose fields came back in another order is the same value, and the fields named are the
+/// ones that differ as values. One difference from the parsed comparison: a field holding the
+/// same NaN in both is equal here (the same bytes) where parsed values never are.
+/// `Err`: the bytes are not a valid document.
+pub fn content_differences_raw(
+    source: &RawDocument,
+    target: &RawDocument,
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+) -> Result<Vec<String>, mongodb::bson::raw::Error> {
+    if same_content_bytes(source, target, from, to)? {
+        return Ok(Vec::new());
+    }
+    let (source, target) = (Document::try_from(source)?, Document::try_from(target)?);
+    Ok(content_differences(&source, &target, from, to))
+}
+
+/// Whether the two documents hold the same fields apart from the bookkeeping, in the same
+/// order, each with the same value as read.
+fn same_content_bytes(
+    source: &RawDocument,
+    target: &RawDocument,
+    from: &RoutingVersion,
+    to: &RoutingVersion,
+) -> Result<bool, mongodb::bson::raw::Error> {
+    let ignored = |key: &str| bookkeeping(from, to).any(|b| b == key);
+    let mut s = source
+        .iter()
+        .filter(|e| !matches!(e, Ok((k, _)) if ignored(k)));
+    let mut t = target
+        .iter()
+        .filter(|e| !matches!(e, Ok((k, _)) if ignored(k)));
+    loop {
+        match (s.next().transpose()?, t.next().transpose()?) {
+            (None, None) => return Ok(true),
+            (Some(a), Some(b)) if a == b => {}
+            _ => return Ok(false),
+        }
+    }
+}
+
 /// Whether `path` (a field or a dotted path) is one no application write may set: the id, the
 /// tenant key, either version's routing field, or the envelope.
 pub fn immutable(path: &str, tenant_key: &str, routing_fields: &[&str]) -> bool {
@@ -383,6 +429,18 @@ mod tests {
                 })
         }
 
+        /// The document with the fields of every level in reverse order.
+        fn reversed(d: &Document) -> Document {
+            let flip = |v: &Bson| match v {
+                Bson::Document(d) => Bson::Document(reversed(d)),
+                other => other.clone(),
+            };
+            let mut fields: Vec<(String, Bson)> =
+                d.iter().map(|(k, v)| (k.clone(), flip(v))).collect();
+            fields.reverse();
+            fields.into_iter().collect()
+        }
+
         proptest! {
             #[test]
             fn a_raw_copy_is_the_parsed_copy_encoded(d in document(), epoch in 0_i64..100, sub in 0_u32..64) {
@@ -397,6 +455,37 @@ mod tests {
                     prop_assert_eq!(head.get(META), d.get(META));
                     prop_assert_eq!(head.get("bucket"), d.get("bucket"));
                     prop_assert!(head.len() <= 3);
+                }
+            }
+
+            #[test]
+            fn a_raw_comparison_names_what_a_parsed_one_names(
+                a in document(),
+                other in document(),
+                how in 0_u8..4,
+                sub in 0_u32..64,
+            ) {
+                let (from, to) = (
+                    crate::routing::one_shard_version(Some("slot")),
+                    crate::routing::one_shard_version(Some("bucket")),
+                );
+                // The copy itself, the copy with every level's fields in reverse order (a
+                // server may return them so), a copy with one field changed, another document.
+                let b = match how {
+                    0 => copy(a.clone(), &to, sub, 1),
+                    1 => reversed(&copy(a.clone(), &to, sub, 1)),
+                    2 => {
+                        let mut b = copy(a.clone(), &to, sub, 1);
+                        b.insert("b", "changed");
+                        b
+                    }
+                    _ => other,
+                };
+                let raw = |d: &Document| RawDocumentBuf::from_document(d).unwrap();
+                let got = content_differences_raw(&raw(&a), &raw(&b), &from, &to).unwrap();
+                prop_assert_eq!(&got, &content_differences(&a, &b, &from, &to), "{:?} {:?}", a, b);
+                if how < 2 {
+                    prop_assert!(got.is_empty());
                 }
             }
         }

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, Bson, Document, RawDocumentBuf};
 use serde::Serialize;
 use serde_json::json;
 
@@ -201,16 +201,21 @@ fn judge_source(
     (id, judged)
 }
 
-/// What a moved document's image at its target `goal` says: a tombstone (deleted), the
-/// application's write (superseded), or a copy that must equal the source.
-fn judge_found(scene: &Scene, source: &Document, found: &Document, goal: &Location) -> Outcome {
+/// What a moved document's image at its target `goal` says (`found`: its envelope at least):
+/// a tombstone (deleted), the application's write (superseded), or a copy that must equal the
+/// source (`differences`: the fields in which it does not, [`content_differences`]).
+fn judge_found(
+    found: &Document,
+    goal: &Location,
+    differences: impl FnOnce() -> Vec<String>,
+) -> Outcome {
     if is_tombstone(found) {
         return Outcome::Deleted;
     }
     match envelope::writer(found) {
         Some(Writer::App) => Outcome::Superseded,
         _ => {
-            let diff = content_differences(source, found, &scene.from, &scene.to);
+            let diff = differences();
             if diff.is_empty() {
                 Outcome::Copied
             } else {
@@ -290,7 +295,11 @@ pub async fn check_batch(
         for &i in &indexes {
             match found.get(&ids::key(&out[i].0)) {
                 None => absent.push(i),
-                Some(t) => out[i].1 = judge_found(scene, &docs[i], t, &goal),
+                Some(t) => {
+                    out[i].1 = judge_found(t, &goal, || {
+                        content_differences(&docs[i], t, &scene.from, &scene.to)
+                    })
+                }
             }
         }
         for i in absent {
@@ -420,9 +429,18 @@ struct Lane {
     location: Location,
     source: bool,
     target: bool,
-    scan: crate::shards::read::Scan,
-    buffer: std::collections::VecDeque<Document>,
+    scan: crate::shards::read::Scan<RawDocumentBuf>,
+    buffer: std::collections::VecDeque<Read>,
     ended: bool,
+}
+
+/// A document a full run read: its bytes, and the fields its judgement reads (`_id`, the
+/// envelope, both versions' routing fields, tenant keys and id fields), parsed. The rest is
+/// compared as bytes ([`envelope::content_differences_raw`]) and parsed only when a copy
+/// differs from its source.
+struct Read {
+    raw: RawDocumentBuf,
+    head: Document,
 }
 
 /// What a full run's read checked in one batch.
@@ -452,6 +470,8 @@ pub struct FullBatch {
 pub struct FullRead {
     lanes: Vec<Lane>,
     sources: BTreeMap<Location, SourceScope>,
+    /// The fields of a [`Read`]'s head.
+    head: Vec<String>,
 }
 
 impl FullRead {
@@ -499,7 +519,7 @@ impl FullRead {
         let scans = futures::future::try_join_all(
             planned
                 .iter()
-                .map(|(at, _, _, f)| scene.shards.scan(at, f.clone(), size.clone())),
+                .map(|(at, _, _, f)| scene.shards.scan_raw(at, f.clone(), size.clone())),
         )
         .await?;
         let lanes = planned
@@ -514,26 +534,59 @@ impl FullRead {
                 ended: false,
             })
             .collect();
-        Ok(FullRead { lanes, sources })
+        let (from, to) = (&scene.from, &scene.to);
+        let head = ["_id", envelope::META]
+            .into_iter()
+            .chain(
+                [
+                    &from.tenant_key,
+                    &from.id_field,
+                    &to.tenant_key,
+                    &to.id_field,
+                ]
+                .map(|f| f.as_str()),
+            )
+            .chain(from.routing_field())
+            .chain(to.routing_field())
+            .map(str::to_owned)
+            .collect();
+        Ok(FullRead {
+            lanes,
+            sources,
+            head,
+        })
     }
 
     /// The documents with the next `_id` across every lane (lane index, document), or `None`
     /// once every lane is read.
-    async fn next_column(&mut self) -> Result<Option<(Bson, Vec<(usize, Document)>)>, ReadError> {
+    async fn next_column(&mut self) -> Result<Option<(Bson, Vec<(usize, Read)>)>, ReadError> {
+        let fields: Vec<&str> = self.head.iter().map(String::as_str).collect();
         for lane in &mut self.lanes {
             while lane.buffer.is_empty() && !lane.ended {
                 let batch = lane.scan.next_batch().await?;
                 lane.ended = batch.is_empty();
-                lane.buffer.extend(batch);
+                for raw in batch {
+                    let head = envelope::head(&raw, &fields).map_err(|e| ReadError::Mongo {
+                        location: lane.location.clone(),
+                        source: mongodb::error::Error::custom(format!(
+                            "a document read is not valid BSON: {e}"
+                        )),
+                    })?;
+                    lane.buffer.push_back(Read { raw, head });
+                }
             }
         }
-        let id_of = |d: &Document| d.get("_id").cloned().unwrap_or(Bson::Null);
+        fn id_of(r: &Read) -> &Bson {
+            const NULL: &Bson = &Bson::Null;
+            r.head.get("_id").unwrap_or(NULL)
+        }
         let Some(next) = self
             .lanes
             .iter()
             .filter_map(|l| l.buffer.front())
             .map(id_of)
-            .min_by(ids::compare)
+            .min_by(|a, b| ids::compare(a, b))
+            .cloned()
         else {
             return Ok(None);
         };
@@ -542,7 +595,7 @@ impl FullRead {
             let here = lane
                 .buffer
                 .front()
-                .is_some_and(|d| ids::compare(&id_of(d), &next).is_eq());
+                .is_some_and(|r| ids::compare(id_of(r), &next).is_eq());
             if here {
                 column.push((i, lane.buffer.pop_front().expect("a front")));
             }
@@ -568,14 +621,14 @@ impl FullRead {
 
     /// Judges one `_id`'s documents: each read as a source against the target documents
     /// beside it, each reshard wrote at a target for placement.
-    fn judge(&self, scene: &Scene, column: &[(usize, Document)], batch: &mut FullBatch) {
-        for (i, doc) in column {
+    fn judge(&self, scene: &Scene, column: &[(usize, Read)], batch: &mut FullBatch) {
+        for (i, read) in column {
             let lane = &self.lanes[*i];
             if !lane.source {
                 continue;
             }
             let location = &lane.location;
-            let (id, judged) = judge_source(scene, location, doc);
+            let (id, judged) = judge_source(scene, location, &read.head);
             batch.source_documents += 1;
             let counted_under = self
                 .sources
@@ -592,7 +645,15 @@ impl FullRead {
                     })
                 };
                 match target_doc(&|l| *l == goal) {
-                    Some((_, found)) => judge_found(scene, doc, found, &goal),
+                    Some((_, found)) => judge_found(&found.head, &goal, || {
+                        envelope::content_differences_raw(
+                            &read.raw,
+                            &found.raw,
+                            &scene.from,
+                            &scene.to,
+                        )
+                        .unwrap_or_else(|e| vec![format!("(not valid BSON: {e})")])
+                    }),
                     None => {
                         let elsewhere = target_doc(&|l| *l != goal && l != location)
                             .map(|(j, _)| self.lanes[*j].location.clone());
@@ -606,7 +667,7 @@ impl FullRead {
                 .or_default()
                 .push((id, outcome));
         }
-        for (i, doc) in column {
+        for (i, Read { head: doc, .. }) in column {
             let lane = &self.lanes[*i];
             if !lane.target || !doc.contains_key(envelope::META) {
                 continue;
