@@ -5,7 +5,8 @@
 //! 1. **Application p99.** One source server (`s1`) and two targets (`s2`, `s3`); an
 //!    application of `RESHARD_BENCH_READERS` (default 8) tasks reads and writes random orders
 //!    through one router, all the time. Its p99 is measured for a while without a backfill,
-//!    then during a backfill by a `reshard worker` process with the default throttle, twice on
+//!    then during a backfill by a `reshard worker` process with the default throttle, then
+//!    without one again once the worker is gone (how far it moves by itself), twice on
 //!    fresh servers: with a latency budget of 1.3 times the p99 the routers reported when the
 //!    backfill was planned, and without a budget. Also the p99 from the first checkpointed
 //!    batch on ("steady"): before it, the local servers read and sort the whole collection for
@@ -324,11 +325,18 @@ async fn p99_round(documents: usize, readers: usize, budget_factor: f64) -> serd
         .await
         .unwrap()
         .scanned;
+    // The application alone again once the worker is gone: how far the quiet p99 itself
+    // moves between two windows on this machine.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after_from = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after_to = Instant::now();
     stop.store(true, Ordering::Relaxed);
     for a in app {
         a.await.unwrap();
     }
     let (quiet_p99, quiet_p50, quiet_n) = window(&samples, quiet_from, quiet_to);
+    let (after_p99, _, after_n) = window(&samples, after_from, after_to);
     let (copy_p99, copy_p50, copy_n) = window(&samples, copy_from, copy_to);
     // From the first checkpointed batch on: the local servers read and sort a whole query's
     // result before its first batch (seconds here, answering nothing else meanwhile); MongoDB
@@ -375,6 +383,9 @@ async fn p99_round(documents: usize, readers: usize, budget_factor: f64) -> serd
         "steady_p99_ms": steady_p99,
         "steady_operations": steady_n,
         "steady_p99_over_quiet_p99": steady_p99 / quiet_p99,
+        "quiet_after_p99_ms": after_p99,
+        "quiet_after_operations": after_n,
+        "steady_p99_over_quiet_after_p99": steady_p99 / after_p99,
         "backfill_p99_ms_per_second": per_second,
         "applied_rate_and_copied_per_second": rate_series,
         "app_p99_baseline_ms": m.app_p99_baseline_ms,
@@ -521,19 +532,21 @@ async fn bench() {
         .unwrap()
     );
     println!();
-    println!("| backfill | app p99 without a backfill | app p99 during the backfill | ratio | from the first batch | ratio | copied | cuts announced |");
+    println!("| backfill | app p99 without a backfill (before / after) | app p99 during the backfill | ratio | from the first batch | ratio (to before / after) | copied | cuts announced |");
     println!("|---|---|---|---|---|---|---|---|");
     for (name, r) in [
         ("throttled by a budget of 1.3 x the planned p99", &budget),
         ("default throttle, no budget", &unthrottled),
     ] {
         println!(
-            "| {name} | {:.1} ms | {:.1} ms | {:.2} | {:.1} ms | {:.2} | {} docs in {:.1} s{} | {} |",
+            "| {name} | {:.1} / {:.1} ms | {:.1} ms | {:.2} | {:.1} ms | {:.2} / {:.2} | {} docs in {:.1} s{} | {} |",
             r["quiet_p99_ms"].as_f64().unwrap(),
+            r["quiet_after_p99_ms"].as_f64().unwrap_or(f64::NAN),
             r["backfill_p99_ms"].as_f64().unwrap(),
             r["backfill_p99_over_quiet_p99"].as_f64().unwrap(),
             r["steady_p99_ms"].as_f64().unwrap_or(f64::NAN),
             r["steady_p99_over_quiet_p99"].as_f64().unwrap_or(f64::NAN),
+            r["steady_p99_over_quiet_after_p99"].as_f64().unwrap_or(f64::NAN),
             r["documents_copied"],
             r["backfill_seconds"].as_f64().unwrap(),
             if r["backfill_finished"] == true { "" } else { " (stopped)" },

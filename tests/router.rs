@@ -723,6 +723,83 @@ async fn in_a_collection_both_layouts_share_no_mirror_writes_an_older_image_over
     router.shutdown().await;
 }
 
+/// A source layout not made by reshard, listing two shards an order may be on.
+const FANOUT_V1: &str = "tenant_key: customerId
+layout: fanout
+shards: [s1, s2]
+";
+
+/// The target: hashed over two other shards, so every order moves.
+const HASHED_V2: &str = "tenant_key: customerId
+layout: hashed
+virtual_buckets: 1024
+default_buckets: 1
+routing_field: bucket
+placement:
+  - vbuckets: [0, 512]
+    shard: s3
+  - vbuckets: [512, 1024]
+    shard: s4
+";
+
+/// With a fanout source, a rollback's mirrors replace each source document where it is: on
+/// the second listed shard here. A mirror sent to the first listed shard instead leaves the
+/// source document as it was beside a new one, so a delete mirrored that way leaves the order
+/// live after the rollback, and an update leaves two versions of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_fanout_source_mirrors_replace_the_source_document_where_it_is() {
+    let w = World::start_with_versions(FANOUT_V1, HASHED_V2).await;
+    let (first, second) = (
+        w.shards["s1"].collection::<Document>("orders"),
+        w.shards["s2"].collection::<Document>("orders"),
+    );
+    // Read by a router (its mirror), deleted through a router (a mirrored tombstone), and
+    // carried back by the revert copier alone.
+    let (read, deleted, copied) = ("fan-read", "fan-deleted", "fan-copied");
+    for id in [read, deleted, copied] {
+        second
+            .insert_one(doc! { "_id": id, "customerId": HOT, "total": 1 })
+            .await
+            .unwrap();
+    }
+    let router = w.router(config("api")).await;
+    w.to_backfill(&[&router]).await;
+    for id in [read, deleted, copied] {
+        assert!(router
+            .update(HOT, id, doc! { "$set": { "total": 5 } })
+            .await
+            .unwrap());
+    }
+    w.advance(&[&router], &[Phase::Reverting]).await;
+    let at = |coll: &mongodb::Collection<Document>, id: &'static str| {
+        let coll = coll.clone();
+        async move { coll.find_one(doc! { "_id": id }).await.unwrap() }
+    };
+
+    assert_eq!(total(&router.get(HOT, read).await.unwrap()), Some(5));
+    assert_eq!(total(&at(&second, read).await), Some(5));
+    assert!(router.delete(HOT, deleted).await.unwrap());
+    assert!(reshard::envelope::is_tombstone(
+        &at(&second, deleted).await.unwrap()
+    ));
+    run_worker(&w).await;
+    assert_eq!(total(&at(&second, copied).await), Some(5));
+    for id in [read, deleted, copied] {
+        assert_eq!(
+            at(&first, id).await,
+            None,
+            "{id} was mirrored to the first shard"
+        );
+    }
+
+    w.force_phase(&[&router], Phase::RevertSwitch).await;
+    w.force_phase(&[&router], Phase::RolledBack).await;
+    assert_eq!(total(&router.get(HOT, read).await.unwrap()), Some(5));
+    assert_eq!(total(&router.get(HOT, copied).await.unwrap()), Some(5));
+    assert_eq!(router.get(HOT, deleted).await.unwrap(), None);
+    router.shutdown().await;
+}
+
 /// Tries `advance --to phase` until the gate opens (a router is counted out, or acknowledges),
 /// up to `within`. Returns how many refusals named `router`.
 async fn advance_when_open(w: &World, phase: Phase, router: &str, within: Duration) -> usize {

@@ -1317,13 +1317,20 @@ impl Worker {
                             prepare_batch(&shared.from, &shared.to, &location, shared.epoch, docs)
                         }
                         (_, ReadBatch::Raw(_)) => unreachable!("only the backfill reads raw"),
-                        (Task::Revert, ReadBatch::Parsed(docs)) => prepare_revert(
-                            &shared.from,
-                            &shared.to,
-                            shared.migration,
-                            &location,
-                            docs,
-                        ),
+                        (Task::Revert, ReadBatch::Parsed(docs)) => {
+                            let mut prepared = prepare_revert(
+                                &shared.from,
+                                &shared.to,
+                                shared.migration,
+                                &location,
+                                docs,
+                            );
+                            if let Err(e) = place_mirrors(&self.shards, &mut prepared).await {
+                                end = Some(PartitionEnd::Retry(e.to_string()));
+                                continue;
+                            }
+                            prepared
+                        }
                         (Task::Verify, _) => unreachable!("workers do not serve verify partitions"),
                         (Task::Cleanup, ReadBatch::Parsed(docs)) => match self
                     .prepare_cleanup(shared, &location, docs, &mut cleanup_targets)
@@ -1357,7 +1364,7 @@ impl Worker {
                     };
                     let n = window.send();
                     let writer = shared.writer();
-                    let PreparedBatch { statements, kinds, ids, targets, checkpoint } = prepared;
+                    let PreparedBatch { statements, kinds, ids, targets, checkpoint, .. } = prepared;
                     let write = tokio::spawn(async move {
                         let sent = Instant::now();
                         let report = writer.write_by(statements, Some(deadline)).await;
@@ -1686,6 +1693,10 @@ pub struct PreparedBatch {
     pub ids: Vec<Bson>,
     pub targets: Vec<Location>,
     pub checkpoint: Checkpoint,
+    /// Mirrors whose source version lists several locations for their id (a `fanout`
+    /// source): statement index and the listed locations. Each goes where the id's source
+    /// document is, looked up before the batch is written ([`place_mirrors`]).
+    pub lookups: Vec<(usize, Vec<Location>)>,
 }
 
 impl PreparedBatch {
@@ -1814,7 +1825,17 @@ pub fn prepare_revert(
         match protocol::revert_action::<Document, Document>(&d, location) {
             RevertAction::Write(step) => {
                 batch.checkpoint.scanned += 1;
+                let at = batch.statements.len();
                 batch.push(step, Kind::Mirror, &id, location, &d, Some(&doc), &context);
+                let listed = from
+                    .document_keys(&doc)
+                    .ok()
+                    .and_then(|(t, i)| from.locate(&t, &i).ok())
+                    .map(|l| l.locations)
+                    .unwrap_or_default();
+                if batch.statements.len() > at && listed.len() > 1 {
+                    batch.lookups.push((at, listed));
+                }
             }
             RevertAction::InPlace => {
                 batch.checkpoint.scanned += 1;
@@ -1824,6 +1845,46 @@ pub fn prepare_revert(
         }
     }
     batch
+}
+
+/// Sends each mirror of `batch` whose source version lists several locations for its id (a
+/// `fanout` source, [`PreparedBatch::lookups`]) to where the id's source document is: the
+/// first listed location that holds it, as a router's read finds it, or the first listed when
+/// none does (an id created since the switch). Writing to the first listed location
+/// regardless would leave the source document beside a new one: after the rollback a read
+/// could find the older one, and a mirrored delete would not remove it. One `$in` query per
+/// listed location.
+pub async fn place_mirrors(
+    shards: &crate::shards::Shards,
+    batch: &mut PreparedBatch,
+) -> Result<(), crate::shards::read::ReadError> {
+    let lookups = std::mem::take(&mut batch.lookups);
+    let mut wanted: BTreeMap<Location, Vec<Bson>> = BTreeMap::new();
+    for (i, listed) in &lookups {
+        for l in listed {
+            wanted
+                .entry(l.clone())
+                .or_default()
+                .push(batch.ids[*i].clone());
+        }
+    }
+    let mut held: BTreeMap<Location, std::collections::HashSet<Vec<u8>>> = BTreeMap::new();
+    for (location, ids) in wanted {
+        let found = shards
+            .find_by_ids(&location, &ids, Some(doc! { "_id": 1 }))
+            .await?;
+        held.insert(location, found.into_keys().collect());
+    }
+    for (i, listed) in lookups {
+        let key = ids::key(&batch.ids[i]);
+        let holder = listed
+            .iter()
+            .find(|l| held.get(*l).is_some_and(|h| h.contains(&key)))
+            .unwrap_or(&listed[0]);
+        batch.statements[i].location = holder.clone();
+        batch.targets[i] = holder.clone();
+    }
+    Ok(())
 }
 
 /// Cleanup's decision for the documents of one batch, before the target is consulted

@@ -289,7 +289,27 @@ async fn mirror_to_source(
     if !protocol::mirror_writes(found_at, &source.locations) {
         return Ok(Answer::Matched(true));
     }
-    let back = &source.locations[0];
+    // A fanout source lists several locations the id may be on: the mirror replaces the
+    // source document where it is (the first listed location holding the id, as a read finds
+    // it), not a new one beside it at the first listed location, which a mirrored delete
+    // would leave live after the rollback.
+    let mut back = &source.locations[0];
+    if source.locations.len() > 1 {
+        for location in &source.locations {
+            let held = command::find_one(
+                database(inner, location)?,
+                &location.collection,
+                by_id.clone(),
+                deadline,
+            )
+            .await
+            .map_err(command_error)?;
+            if held.is_some() {
+                back = location;
+                break;
+            }
+        }
+    }
     let (filter, image) = envelope::mirror(
         image,
         snapshot.migration_id.unwrap_or(0),

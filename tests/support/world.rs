@@ -72,7 +72,22 @@ impl World {
         .await
     }
 
+    /// A world whose migration goes from the version `v1` to the version `v2` (YAML texts)
+    /// rather than the fixtures'.
+    #[allow(dead_code)]
+    pub async fn start_with_versions(v1: &str, v2: &str) -> World {
+        let db = StateDb::Shared(PgDb::fresh().await);
+        Self::start_with(db, [("v1.yaml", v1.to_owned()), ("v2.yaml", v2.to_owned())]).await
+    }
+
     async fn start_on(db: StateDb) -> World {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/versions");
+        let texts = ["orders_v1.yaml", "orders_v2.yaml"]
+            .map(|file| (file, std::fs::read_to_string(fixtures.join(file)).unwrap()));
+        Self::start_with(db, texts).await
+    }
+
+    async fn start_with(db: StateDb, texts: [(&str, String); 2]) -> World {
         let server = MongoServer::start().await;
         let store = Store::connect_unchecked(&db.url()).await.unwrap();
         store.migrate().await.unwrap();
@@ -87,10 +102,8 @@ impl World {
                 .unwrap();
             shards.insert(name.to_owned(), client.database(&database));
         }
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/versions");
         let mut versions = Vec::new();
-        for file in ["orders_v1.yaml", "orders_v2.yaml"] {
-            let text = std::fs::read_to_string(fixtures.join(file)).unwrap();
+        for (file, text) in texts {
             let v = reshard::spec::parse_version_spec(file, &text, "orders").unwrap();
             versions.push(
                 store
