@@ -470,7 +470,7 @@ pub struct FullBatch {
 pub struct FullRead {
     lanes: Vec<Lane>,
     sources: BTreeMap<Location, SourceScope>,
-    /// The fields of a [`Read`]'s head.
+    /// The fields of a [`Read`]'s head ([`crate::copy::steps::head_fields`]).
     head: Vec<String>,
 }
 
@@ -534,20 +534,8 @@ impl FullRead {
                 ended: false,
             })
             .collect();
-        let (from, to) = (&scene.from, &scene.to);
-        let head = ["_id", envelope::META]
+        let head = crate::copy::steps::head_fields(&scene.from, &scene.to)
             .into_iter()
-            .chain(
-                [
-                    &from.tenant_key,
-                    &from.id_field,
-                    &to.tenant_key,
-                    &to.id_field,
-                ]
-                .map(|f| f.as_str()),
-            )
-            .chain(from.routing_field())
-            .chain(to.routing_field())
             .map(str::to_owned)
             .collect();
         Ok(FullRead {

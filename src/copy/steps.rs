@@ -37,6 +37,22 @@ pub trait Scanned: std::fmt::Debug + Sized {
         -> Result<WriteOp, String>;
 }
 
+/// The fields a decision on a scanned document reads (`_id`, `_reshard`, the tenant key and
+/// id field and the routing field of both versions): what [`Scanned::head`] parses.
+pub fn head_fields<'a>(from: &'a RoutingVersion, to: &'a RoutingVersion) -> Vec<&'a str> {
+    let mut fields = vec![
+        "_id",
+        envelope::META,
+        from.tenant_key.as_str(),
+        from.id_field.as_str(),
+        to.tenant_key.as_str(),
+        to.id_field.as_str(),
+    ];
+    fields.extend(from.routing_field());
+    fields.extend(to.routing_field());
+    fields
+}
+
 impl Scanned for Document {
     fn head(&self, _: &RoutingVersion, _: &RoutingVersion) -> Result<Cow<'_, Document>, String> {
         Ok(Cow::Borrowed(self))
@@ -58,17 +74,7 @@ impl Scanned for RawDocumentBuf {
         from: &RoutingVersion,
         to: &RoutingVersion,
     ) -> Result<Cow<'_, Document>, String> {
-        let mut fields = vec![
-            "_id",
-            envelope::META,
-            from.tenant_key.as_str(),
-            from.id_field.as_str(),
-            to.tenant_key.as_str(),
-            to.id_field.as_str(),
-        ];
-        fields.extend(from.routing_field());
-        fields.extend(to.routing_field());
-        envelope::head(self, &fields)
+        envelope::head(self, &head_fields(from, to))
             .map(Cow::Owned)
             .map_err(|e| format!("the document read is not valid BSON: {e}"))
     }

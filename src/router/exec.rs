@@ -143,25 +143,17 @@ async fn execute(
     let live = envelope::live(keys.id);
     let tombstone = envelope::tombstone_of(keys.id);
     if let Step::Find(_) = step {
-        for location in &located.locations {
-            let found = command::find_one(
-                database(inner, location)?,
-                &location.collection,
-                by_id.clone(),
-                deadline,
-            )
-            .await
-            .map_err(command_error)?;
-            if let Some(found) = found {
-                *places.slot(side) = Some(location.clone());
-                return Ok(Answer::Found(if is_tombstone(&found) {
-                    Found::Tombstone
-                } else {
-                    Found::Live(found)
-                }));
-            }
-        }
-        return Ok(Answer::Found(Found::Absent));
+        let Some((found, location)) =
+            find_first(inner, &located.locations, &by_id, deadline).await?
+        else {
+            return Ok(Answer::Found(Found::Absent));
+        };
+        *places.slot(side) = Some(location.clone());
+        return Ok(Answer::Found(if is_tombstone(&found) {
+            Found::Tombstone
+        } else {
+            Found::Live(found)
+        }));
     }
     let location = places
         .slot(side)
@@ -255,6 +247,30 @@ fn rolled_back_source(snapshot: &Snapshot, side: Side) -> Option<i64> {
         .flatten()
 }
 
+/// The document `by_id` finds at the first of `locations` that holds one, and where: a read
+/// of a layout that lists several candidate locations (`fanout`) looks in each, in order.
+async fn find_first<'a>(
+    inner: &Inner,
+    locations: &'a [Location],
+    by_id: &Document,
+    deadline: Instant,
+) -> Result<Option<(Document, &'a Location)>, StepError> {
+    for location in locations {
+        let found = command::find_one(
+            database(inner, location)?,
+            &location.collection,
+            by_id.clone(),
+            deadline,
+        )
+        .await
+        .map_err(command_error)?;
+        if let Some(found) = found {
+            return Ok(Some((found, location)));
+        }
+    }
+    Ok(None)
+}
+
 /// Carries the target's image of the id to the source unless the source already holds an equal
 /// or newer revision (see [`Step::MirrorToSource`]).
 async fn mirror_to_source(
@@ -266,22 +282,8 @@ async fn mirror_to_source(
 ) -> Result<Answer<Document>, StepError> {
     let target = snapshot.target.locate(keys.tenant_key, keys.id_key)?;
     let by_id = doc! { "_id": keys.id.clone() };
-    let mut image = None;
-    for location in &target.locations {
-        let found = command::find_one(
-            database(inner, location)?,
-            &location.collection,
-            by_id.clone(),
-            deadline,
-        )
-        .await
-        .map_err(command_error)?;
-        if let Some(found) = found {
-            image = Some((found, location));
-            break;
-        }
-    }
-    let Some((image, found_at)) = image else {
+    let Some((image, found_at)) = find_first(inner, &target.locations, &by_id, deadline).await?
+    else {
         return Ok(Answer::Matched(false));
     };
     let source = snapshot.source.locate(keys.tenant_key, keys.id_key)?;
@@ -295,19 +297,8 @@ async fn mirror_to_source(
     // would leave live after the rollback.
     let mut back = &source.locations[0];
     if source.locations.len() > 1 {
-        for location in &source.locations {
-            let held = command::find_one(
-                database(inner, location)?,
-                &location.collection,
-                by_id.clone(),
-                deadline,
-            )
-            .await
-            .map_err(command_error)?;
-            if held.is_some() {
-                back = location;
-                break;
-            }
+        if let Some((_, held_at)) = find_first(inner, &source.locations, &by_id, deadline).await? {
+            back = held_at;
         }
     }
     let (filter, image) = envelope::mirror(
