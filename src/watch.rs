@@ -7,7 +7,7 @@
 //! list`, and every `reshard worker` continuously. A reader that finds a watch locked by
 //! another skips it (or, for the driver, waits for it).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use mongodb::bson::{self, doc, Bson, Document};
@@ -111,7 +111,7 @@ pub async fn catch_up(
         started_late: start(store, shards, migration, from, to, false).await?,
         ..CatchUp::default()
     };
-    let cleaned = cleaned_ranges(store, migration).await?;
+    let mut cleaned = Cleaned::read(store, migration.id).await?;
     for watch in store.watches(migration.id).await? {
         let location = watch.location();
         let (events, bypasses) = match read_watch(
@@ -120,7 +120,7 @@ pub async fn catch_up(
             migration.id,
             &location,
             to,
-            &cleaned,
+            &mut cleaned,
             wait,
             switched,
             actor,
@@ -147,7 +147,7 @@ async fn read_watch(
     migration_id: i64,
     location: &Location,
     to: &RoutingVersion,
-    cleaned: &[CleanedRange],
+    cleaned: &mut Cleaned,
     wait: bool,
     switched: Option<bool>,
     actor: &str,
@@ -188,8 +188,9 @@ async fn read_watch(
                 ended = true;
                 break;
             };
+            let arrived = Instant::now();
             seen += 1;
-            if judge(&mut lock, location, to, cleaned, &event).await? {
+            if judge(store, &mut lock, location, to, (cleaned, arrived), &event).await? {
                 lost = true;
                 break;
             }
@@ -317,13 +318,14 @@ impl Horizon {
     }
 }
 
-/// Judges one event and records it when it is a bypass. Returns whether the stream ended
-/// for good.
+/// Judges one event (`arrived`: when this reader received it) and records it when it is a
+/// bypass. Returns whether the stream ended for good.
 async fn judge(
+    store: &Store,
     lock: &mut WatchLock,
     location: &Location,
     to: &RoutingVersion,
-    cleaned: &[CleanedRange],
+    (cleaned, arrived): (&mut Cleaned, Instant),
     event: &Document,
 ) -> Result<bool, WatchError> {
     let op = event.get_str("operationType").unwrap_or("");
@@ -351,14 +353,17 @@ async fn judge(
     };
     let lost = matches!(change, Change::Lost(_));
     let role = lock.watch.role();
+    let in_cleaned_range = match (&change, &id) {
+        (Change::Delete, Some(id)) if role.holds_source() => {
+            cleaned.cover(store, location, id, arrived).await?
+        }
+        _ => false,
+    };
     let ctx = Context {
         role,
         switched: lock.watch.switched,
         routing_field: to.routing_field(),
-        in_cleaned_range: matches!(change, Change::Delete)
-            && id
-                .as_ref()
-                .is_some_and(|id| cleaned.iter().any(|r| r.contains(location, id))),
+        in_cleaned_range,
     };
     if let Verdict::Bypass(operation) = bypass::classify(&ctx, &change) {
         let details = match &change {
@@ -485,26 +490,65 @@ impl CleanedRange {
     }
 }
 
-async fn cleaned_ranges(
-    store: &Store,
-    migration: &Migration,
-) -> Result<Vec<CleanedRange>, WatchError> {
-    if migration.cleanup_planned_at.is_none() {
-        return Ok(Vec::new());
-    }
-    Ok(store
-        .partitions(migration.id, Task::Cleanup)
-        .await?
-        .into_iter()
-        .filter(|p| p.started_at.is_some())
-        // A range that cannot be read is no claim.
-        .filter_map(|p| {
-            Some(CleanedRange {
-                location: p.location(),
-                range: p.range().ok()?,
+/// The `_id` ranges the cleaner has claimed, as last read from the store. A cleaner commits its
+/// claim before it deletes anything in the range, so any read of the store begun after a
+/// delete event arrived sees the claim behind it: a delete outside the ranges read before it
+/// arrived is checked against a fresh read before it is called a bypass. (Judged against the
+/// ranges read when a catch-up began, a range claimed while it read was missed, and the
+/// cleaner's deletes in it were recorded as bypasses, closing `bypasses_resolved` before
+/// `completed`.)
+struct Cleaned {
+    migration_id: i64,
+    ranges: Vec<CleanedRange>,
+    /// When the read of `ranges` began.
+    read_at: Instant,
+}
+
+impl Cleaned {
+    async fn read(store: &Store, migration_id: i64) -> Result<Cleaned, WatchError> {
+        let read_at = Instant::now();
+        let ranges = store
+            .partitions(migration_id, Task::Cleanup)
+            .await?
+            .into_iter()
+            .filter(|p| p.started_at.is_some())
+            // A range that cannot be read is no claim.
+            .filter_map(|p| {
+                Some(CleanedRange {
+                    location: p.location(),
+                    range: p.range().ok()?,
+                })
             })
+            .collect();
+        Ok(Cleaned {
+            migration_id,
+            ranges,
+            read_at,
         })
-        .collect())
+    }
+
+    fn holds(&self, location: &Location, id: &Bson) -> bool {
+        self.ranges.iter().any(|r| r.contains(location, id))
+    }
+
+    /// Whether the cleaner had claimed `id` on `location` when its delete, received at
+    /// `arrived`, was read: the ranges are read again unless they were read after it.
+    async fn cover(
+        &mut self,
+        store: &Store,
+        location: &Location,
+        id: &Bson,
+        arrived: Instant,
+    ) -> Result<bool, WatchError> {
+        if self.holds(location, id) {
+            return Ok(true);
+        }
+        if self.read_at > arrived {
+            return Ok(false);
+        }
+        *self = Cleaned::read(store, self.migration_id).await?;
+        Ok(self.holds(location, id))
+    }
 }
 
 #[cfg(test)]
