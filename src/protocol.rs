@@ -738,6 +738,23 @@ pub fn mirror_writes<L: PartialEq>(image_at: &L, source_at: &[L]) -> bool {
     !source_at.contains(image_at)
 }
 
+/// Where a mirror that writes ([`mirror_writes`]) goes among `source_at`, the locations the
+/// source version places the id at in the version's order, given which of them hold a
+/// document with the id (`holds`, one flag per location): the first that holds it, where a
+/// read finds the source document, so that the conditional replace lands on that document;
+/// the first listed when none holds it (an id created since the switch, or deleted for good).
+/// A hashed source places an id at one location; a fanout source lists several, and the
+/// source document sits on one of them. Writing to the first listed regardless put a second
+/// document beside the source's on another listed shard: a mirrored delete left the order
+/// live after the rollback, a mirrored update left two versions of it.
+pub fn mirror_location<'a, L>(source_at: &'a [L], holds: &[bool]) -> Option<&'a L> {
+    source_at
+        .iter()
+        .zip(holds)
+        .find_map(|(l, held)| held.then_some(l))
+        .or(source_at.first())
+}
+
 /// What the revert copier does with a document it scanned in the target.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum RevertAction<D, U> {
@@ -1125,6 +1142,20 @@ mod tests {
             action(&Disposition::Tombstone { source: None }),
             RevertAction::Skip
         );
+    }
+
+    #[test]
+    fn a_mirror_goes_where_the_source_document_is_else_to_the_first_listed() {
+        let listed = ["s1", "s2", "s3"];
+        // The source document sits on the second listed shard: the mirror replaces it there.
+        assert_eq!(mirror_location(&listed, &[false, true, false]), Some(&"s2"));
+        // On two (a stray copy): the first holding one, where a read finds it.
+        assert_eq!(mirror_location(&listed, &[false, true, true]), Some(&"s2"));
+        assert_eq!(mirror_location(&listed, &[true, true, false]), Some(&"s1"));
+        // On none (created since the switch), or not asked (one location): the first listed.
+        assert_eq!(mirror_location(&listed, &[false; 3]), Some(&"s1"));
+        assert_eq!(mirror_location(&listed[..1], &[]), Some(&"s1"));
+        assert_eq!(mirror_location::<&str>(&[], &[]), None);
     }
 
     #[test]

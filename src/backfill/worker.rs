@@ -1877,12 +1877,14 @@ pub async fn place_mirrors(
     }
     for (i, listed) in lookups {
         let key = ids::key(&batch.ids[i]);
-        let holder = listed
+        let holds: Vec<bool> = listed
             .iter()
-            .find(|l| held.get(*l).is_some_and(|h| h.contains(&key)))
-            .unwrap_or(&listed[0]);
-        batch.statements[i].location = holder.clone();
-        batch.targets[i] = holder.clone();
+            .map(|l| held.get(l).is_some_and(|h| h.contains(&key)))
+            .collect();
+        if let Some(holder) = protocol::mirror_location(&listed, &holds) {
+            batch.statements[i].location = holder.clone();
+            batch.targets[i] = holder.clone();
+        }
     }
     Ok(())
 }

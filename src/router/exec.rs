@@ -271,6 +271,27 @@ async fn find_first<'a>(
     Ok(None)
 }
 
+/// Whether each of `locations` holds a document matching `by_id`, asked of all at once.
+async fn holding(
+    inner: &Inner,
+    locations: &[Location],
+    by_id: &Document,
+    deadline: Instant,
+) -> Result<Vec<bool>, StepError> {
+    let probes = locations.iter().map(|location| async move {
+        let found = command::find_one(
+            database(inner, location)?,
+            &location.collection,
+            by_id.clone(),
+            deadline,
+        )
+        .await
+        .map_err(command_error)?;
+        Ok::<bool, StepError>(found.is_some())
+    });
+    futures::future::try_join_all(probes).await
+}
+
 /// Carries the target's image of the id to the source unless the source already holds an equal
 /// or newer revision (see [`Step::MirrorToSource`]).
 async fn mirror_to_source(
@@ -295,12 +316,14 @@ async fn mirror_to_source(
     // source document where it is (the first listed location holding the id, as a read finds
     // it), not a new one beside it at the first listed location, which a mirrored delete
     // would leave live after the rollback.
-    let mut back = &source.locations[0];
-    if source.locations.len() > 1 {
-        if let Some((_, held_at)) = find_first(inner, &source.locations, &by_id, deadline).await? {
-            back = held_at;
-        }
-    }
+    let holds = if source.locations.len() > 1 {
+        holding(inner, &source.locations, &by_id, deadline).await?
+    } else {
+        Vec::new()
+    };
+    let Some(back) = protocol::mirror_location(&source.locations, &holds) else {
+        return Ok(Answer::Matched(false));
+    };
     let (filter, image) = envelope::mirror(
         image,
         snapshot.migration_id.unwrap_or(0),
