@@ -4,9 +4,12 @@
 //!
 //! 1. **Application p99.** One source server (`s1`) and two targets (`s2`, `s3`); an
 //!    application of `RESHARD_BENCH_READERS` (default 8) tasks reads and writes random orders
-//!    through one router, all the time. Its p99 is measured for a while without a backfill,
-//!    then during a backfill by a `reshard worker` process with the default throttle, then
-//!    without one again once the worker is gone (how far it moves by itself), twice on
+//!    through one router, all the time. Its p99 is measured for `RESHARD_BENCH_PACE_QUIET`
+//!    seconds (default 30) without a backfill, then for up to `RESHARD_BENCH_PACE_WINDOW`
+//!    seconds (default 60) during a backfill by a `reshard worker` process with the default
+//!    throttle, then without one again once the worker is gone; the two quiet windows read as
+//!    one are the reference (a 10-second window's p99 moved by half between two windows of the
+//!    same application on this machine). Twice on
 //!    fresh servers: with a latency budget of 1.3 times the p99 the routers reported when the
 //!    backfill was planned, and without a budget. Also the p99 from the first checkpointed
 //!    batch on ("steady"): before it, the local servers read and sort the whole collection for
