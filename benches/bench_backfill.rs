@@ -12,9 +12,10 @@
 //! 1. the raw copy baseline (issue 16): one cursor per source location in `_id` order, the
 //!    copies built by the same `prepare_batch`, written through the same bulk writer and write
 //!    concern (`w: majority, j: true`), two batches in flight, no PostgreSQL, no planning;
-//! 2. reshard: a real `reshard worker` process (planning, leases, checkpoints in PostgreSQL)
-//!    with the throttle lifted, until the backfill is done; its CPU time and peak resident
-//!    memory come from the kernel (`wait4`);
+//! 2. reshard: a real `reshard worker` process (planning, leases, checkpoints in PostgreSQL,
+//!    and the bypass watches it follows, which read back every copy it inserts; without them
+//!    with `RESHARD_BENCH_WATCH=0`) with the throttle lifted, until the backfill is done; its
+//!    CPU time and peak resident memory come from the kernel (`wait4`);
 //! 3. the baseline again, so that neither side has the emptier servers: the ratio uses the
 //!    mean of the two.
 //!
@@ -408,6 +409,18 @@ async fn one_size(n: usize) -> serde_json::Value {
     let before = raw_copy(&sources, &writer, &v1, &v2, "raw_copy").await;
     drop_copies("raw_copy").await;
 
+    // The bypass watches a migration has from `dual_read` on (the driver starts them when it
+    // leaves `planned`; the phases were moved here without it), opened on the data as loaded:
+    // a `reshard worker` follows them while it copies, reading back every copy it inserts.
+    // `RESHARD_BENCH_WATCH=0` leaves them out, to measure what following them costs.
+    let watched = std::env::var("RESHARD_BENCH_WATCH").as_deref() != Ok("0");
+    if watched {
+        let migration = store.migration(m).await.unwrap();
+        let connected = reshard::shards::Shards::new(databases.clone());
+        reshard::watch::start(&store, &connected, &migration, &v1, &v2, true)
+            .await
+            .unwrap();
+    }
     let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_reshard"));
     worker
         .args(["worker", &m.to_string(), "--exit-when-done"])
@@ -485,6 +498,7 @@ async fn one_size(n: usize) -> serde_json::Value {
         "target_servers": 3,
         "batch": BATCH,
         "partitions": totals.partitions,
+        "bypass_watches": watched,
         "load_seconds": load_seconds,
         "raw_copy_before_docs_per_sec": rate(before).round(),
         "raw_copy_after_docs_per_sec": rate(after).round(),
