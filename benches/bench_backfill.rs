@@ -479,7 +479,10 @@ async fn one_size(n: usize) -> serde_json::Value {
     cleaner
         .args(["worker", &m.to_string(), "--exit-when-done"])
         .env("RESHARD_DATABASE_URL", pg.url())
-        .env("RESHARD_LOG", "warn")
+        .env(
+            "RESHARD_LOG",
+            std::env::var("RESHARD_BENCH_WORKER_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(std::process::Stdio::null());
     let cleaned = run_measured(cleaner);
     assert!(cleaned.success, "the cleanup worker failed");
