@@ -247,6 +247,23 @@ fn rolled_back_source(snapshot: &Snapshot, side: Side) -> Option<i64> {
         .flatten()
 }
 
+/// The document `by_id` finds at `location`, if any.
+async fn probe(
+    inner: &Inner,
+    location: &Location,
+    by_id: &Document,
+    deadline: Instant,
+) -> Result<Option<Document>, StepError> {
+    command::find_one(
+        database(inner, location)?,
+        &location.collection,
+        by_id.clone(),
+        deadline,
+    )
+    .await
+    .map_err(command_error)
+}
+
 /// The document `by_id` finds at the first of `locations` that holds one, and where: a read
 /// of a layout that lists several candidate locations (`fanout`) looks in each, in order.
 async fn find_first<'a>(
@@ -256,15 +273,7 @@ async fn find_first<'a>(
     deadline: Instant,
 ) -> Result<Option<(Document, &'a Location)>, StepError> {
     for location in locations {
-        let found = command::find_one(
-            database(inner, location)?,
-            &location.collection,
-            by_id.clone(),
-            deadline,
-        )
-        .await
-        .map_err(command_error)?;
-        if let Some(found) = found {
+        if let Some(found) = probe(inner, location, by_id, deadline).await? {
             return Ok(Some((found, location)));
         }
     }
@@ -279,15 +288,7 @@ async fn holding(
     deadline: Instant,
 ) -> Result<Vec<bool>, StepError> {
     let probes = locations.iter().map(|location| async move {
-        let found = command::find_one(
-            database(inner, location)?,
-            &location.collection,
-            by_id.clone(),
-            deadline,
-        )
-        .await
-        .map_err(command_error)?;
-        Ok::<bool, StepError>(found.is_some())
+        Ok::<bool, StepError>(probe(inner, location, by_id, deadline).await?.is_some())
     });
     futures::future::try_join_all(probes).await
 }
