@@ -379,7 +379,13 @@ async fn step(
                 loop {
                     let page = router.list_tenant(tenant.as_str(), after.clone(), 100).await?;
                     for d in &page.documents {
-                        let id = d.get_str("_id").unwrap_or_default().to_owned();
+                        // Orders written before reshard may have ids of any type: an id is
+                        // named by its value and type, so that 7 and "7" stay apart.
+                        let id = match d.get("_id") {
+                            Some(Bson::String(s)) => s.clone(),
+                            Some(other) => other.clone().into_canonical_extjson().to_string(),
+                            None => String::new(),
+                        };
                         if seen.insert(id.clone(), app_fields(d)).is_some() {
                             shared.anomaly(&*router.snapshot().await, format!("listing of {tenant} returned {id} twice"));
                         }

@@ -744,10 +744,18 @@ fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
         .ok_or_else(|| format!("{text:?}: {host:?} resolves to no address"))
 }
 
-/// A lease's length: 2 s to 1 h (shorter leases expire between heartbeats).
+/// A lease's length: 2 s to 1 h.
 fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
     let d = crate::duration::parse(s)?;
-    if d < Duration::from_secs(2) || d > Duration::from_secs(3600) {
+    if d < Duration::from_secs(2) {
+        return Err(format!(
+            "{s:?} is too short: a lease is at least 2s. A holder renews its lease every third \
+             of it and stops writing a fifth of it before its end, so a shorter lease leaves a \
+             command less than a second and its renewals a few hundred milliseconds, less than \
+             a loaded state store or shard takes to answer (the allowed range is 2s to 1h)"
+        ));
+    }
+    if d > Duration::from_secs(3600) {
         return Err(format!("{s:?} is outside the allowed range: from 2s to 1h"));
     }
     Ok(d)
@@ -760,6 +768,14 @@ fn parse_until(s: &str) -> Result<Until, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_shorter_than_two_seconds_is_refused_with_the_reason() {
+        let e = parse_lease_ttl("1500ms").unwrap_err();
+        assert!(e.contains("too short") && e.contains("renews"), "{e}");
+        assert_eq!(parse_lease_ttl("2s").unwrap(), Duration::from_secs(2));
+        assert!(parse_lease_ttl("2h").unwrap_err().contains("2s to 1h"));
+    }
 
     #[test]
     fn a_metrics_address_may_name_a_host_or_only_a_port() {

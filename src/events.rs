@@ -78,6 +78,11 @@ pub enum EventKind {
     /// A worker took a partition over from a holder whose lease ran out (the partition, its
     /// location and range, who held it, the checkpoint it resumes from in the details).
     PartitionTakenOver,
+    /// A partition's last attempts in a row recorded nothing (taken over again and again, or
+    /// its commands running out of the time its lease leaves): how many, its batch limit and
+    /// the last failure in the details. Reported once it stalls, and again each time the count
+    /// doubles.
+    PartitionStalled,
     /// A batch's checkpoint recorded documents that could not be written (how many, the
     /// partition, the first ids and the reason in the details; `deadletter list` has all).
     DeadLettered,
@@ -85,7 +90,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order of their definition.
-    pub const ALL: [EventKind; 35] = [
+    pub const ALL: [EventKind; 36] = [
         EventKind::Create,
         EventKind::Advance,
         EventKind::Pause,
@@ -120,6 +125,7 @@ impl EventKind {
         EventKind::SoakFailed,
         EventKind::StepFailed,
         EventKind::PartitionTakenOver,
+        EventKind::PartitionStalled,
         EventKind::DeadLettered,
     ];
 
@@ -159,6 +165,7 @@ impl EventKind {
             EventKind::SoakFailed => "soak_failed",
             EventKind::StepFailed => "step_failed",
             EventKind::PartitionTakenOver => "partition_taken_over",
+            EventKind::PartitionStalled => "partition_stalled",
             EventKind::DeadLettered => "dead_lettered",
         }
     }
@@ -203,6 +210,7 @@ impl EventKind {
             | EventKind::HookFailed
             | EventKind::BarrierWaited
             | EventKind::PartitionTakenOver
+            | EventKind::PartitionStalled
             | EventKind::DeadLettered => false,
         }
     }

@@ -816,6 +816,21 @@ pub fn cleanup_decision<D>(target: &Found<D>) -> CleanupDecision {
     }
 }
 
+/// How many of the deletes a cleanup attempt sent and never checkpointed were applied: those
+/// whose ids the source no longer holds (`present`: the ids it holds now, read once the attempt
+/// can write no more). Only the cleaner deletes source documents once writes have switched,
+/// and it deletes only what it read there, so an id it sent that is gone is one it deleted;
+/// one still present is after the checkpoint and is met again by the next scan. Counting the
+/// gone ones keeps a taken-over partition's ledger exact: its scan cannot count documents
+/// that are no longer there.
+pub fn applied_pending_deletes<K: Eq + std::hash::Hash>(
+    sent: &[K],
+    present: &std::collections::HashSet<K>,
+) -> u64 {
+    let unique: std::collections::HashSet<&K> = sent.iter().collect();
+    unique.into_iter().filter(|k| !present.contains(*k)).count() as u64
+}
+
 /// The batches of one partition a worker has in flight at once. They settle in any order,
 /// but the partition's checkpoint may pass a batch only once it and every batch before it
 /// settled well: a checkpoint is where a re-execution (after a failure, a lost lease, a
@@ -1156,6 +1171,16 @@ mod tests {
         assert_eq!(mirror_location(&listed, &[false; 3]), Some(&"s1"));
         assert_eq!(mirror_location(&listed[..1], &[]), Some(&"s1"));
         assert_eq!(mirror_location::<&str>(&[], &[]), None);
+    }
+
+    #[test]
+    fn a_pending_delete_counts_as_applied_once_and_only_when_its_id_is_gone() {
+        let present: std::collections::HashSet<&str> = ["b", "d"].into_iter().collect();
+        assert_eq!(applied_pending_deletes(&["a", "b", "c", "d"], &present), 2);
+        // An id sent twice (two attempts sent the same batch) was deleted once.
+        assert_eq!(applied_pending_deletes(&["a", "a", "b"], &present), 1);
+        assert_eq!(applied_pending_deletes(&["b", "d"], &present), 0);
+        assert_eq!(applied_pending_deletes::<&str>(&[], &present), 0);
     }
 
     #[test]

@@ -97,6 +97,18 @@ pub const METRICS: &[(&str, Kind, &str, &str)] = &[
         "partitions finished",
     ),
     (
+        PARTITION_TIMEOUTS,
+        Kind::Counter,
+        "migration, task",
+        "commands that ran out of the time their partition lease left (the partition's batches were halved and it went on from its checkpoint)",
+    ),
+    (
+        PARTITIONS_STALLED,
+        Kind::Counter,
+        "migration, task",
+        "partitions found stalled: several attempts in a row recorded nothing (a `partition_stalled` event names each)",
+    ),
+    (
         OVERLOADS,
         Kind::Counter,
         "migration, task",
@@ -171,6 +183,8 @@ pub const BATCH_SECONDS: &str = "reshard_batch_seconds";
 pub const PARTITIONS_CLAIMED: &str = "reshard_partitions_claimed_total";
 pub const PARTITIONS_RECLAIMED: &str = "reshard_partitions_reclaimed_total";
 pub const PARTITIONS_DONE: &str = "reshard_partitions_done_total";
+pub const PARTITION_TIMEOUTS: &str = "reshard_partition_timeouts_total";
+pub const PARTITIONS_STALLED: &str = "reshard_partitions_stalled_total";
 pub const OVERLOADS: &str = "reshard_overloads_total";
 pub const RATE_CUTS: &str = "reshard_rate_cuts_total";
 pub const RATE_APPLIED: &str = "reshard_rate_applied_docs_per_second";
@@ -286,6 +300,24 @@ pub fn partition_done(migration: i64, task: &'static str) {
         ("task", task.to_owned()),
     ];
     metrics::counter!(PARTITIONS_DONE, &labels).increment(1);
+}
+
+/// A command of a partition ran out of the time its lease left.
+pub fn partition_timed_out(migration: i64, task: &'static str) {
+    let labels = [
+        ("migration", migration.to_string()),
+        ("task", task.to_owned()),
+    ];
+    metrics::counter!(PARTITION_TIMEOUTS, &labels).increment(1);
+}
+
+/// A partition was found stalled (attempts in a row that recorded nothing).
+pub fn partition_stalled(migration: i64, task: &'static str) {
+    let labels = [
+        ("migration", migration.to_string()),
+        ("task", task.to_owned()),
+    ];
+    metrics::counter!(PARTITIONS_STALLED, &labels).increment(1);
 }
 
 pub fn overloads(migration: i64, task: &'static str, n: u64) {

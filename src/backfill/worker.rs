@@ -17,7 +17,7 @@
 //! released and retried later from its checkpoint. Only permanent refusals become dead letters.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -190,6 +190,42 @@ enum PartitionEnd {
     LeaseLost,
     /// Released after a failure that may pass (a shard down, overload); try again later.
     Retry(String),
+    /// A command ran out of the time the lease left it: the lease is still ours, but what the
+    /// command did is unknown until its deadline and a fence margin have passed. The holder
+    /// cuts the partition's batches and starts again from its checkpoint (what the timed-out
+    /// batch did, and what later batches did, is written again harmlessly).
+    TimedOut {
+        /// Statements in the batch that timed out.
+        statements: usize,
+        /// Documents read for it.
+        documents: usize,
+        /// The time its deadline left it when it was sent.
+        budget: Duration,
+        location: Location,
+    },
+}
+
+impl PartitionEnd {
+    /// Which end wins when several reasons to stop meet: a lost lease forbids recording
+    /// anything; a timed-out command forbids releasing the partition before a fence margin
+    /// has passed; a failure that may pass is worth its message; a plain release is the
+    /// weakest.
+    fn rank(&self) -> u8 {
+        match self {
+            PartitionEnd::Released => 0,
+            PartitionEnd::Retry(_) => 1,
+            PartitionEnd::TimedOut { .. } => 2,
+            PartitionEnd::LeaseLost => 3,
+            PartitionEnd::Done => 4,
+        }
+    }
+
+    /// `end` after `why` met it: the stronger of the two.
+    fn outrank(end: &mut Option<PartitionEnd>, why: PartitionEnd) {
+        if end.as_ref().is_none_or(|e| why.rank() > e.rank()) {
+            *end = Some(why);
+        }
+    }
 }
 
 impl Worker {
@@ -1044,10 +1080,66 @@ impl Worker {
                 ),
             }
             crate::telemetry::claimed(shared.migration, shared.task.as_str(), p.attempts > 1);
-            match self
-                .work_partition(&shared, &p, token, claimed_at, &shutdown)
-                .await?
-            {
+            self.report_stall(&shared, &p).await?;
+            let (mut p, mut claimed_at) = (p, claimed_at);
+            let end = loop {
+                let end = self
+                    .work_partition(&shared, &p, token, claimed_at, &shutdown)
+                    .await?;
+                let PartitionEnd::TimedOut {
+                    statements,
+                    documents,
+                    budget,
+                    location,
+                } = end
+                else {
+                    break end;
+                };
+                // The lease is still ours: the holder goes on, from its checkpoint, with
+                // batches half the size of the one that ran out of time. The cut is stored
+                // with the partition, so a worker that takes it over starts from it too.
+                let limit = (documents / 2).max(1);
+                let reason = format!(
+                    "a batch of {statements} statement(s) to {location} did not finish within \
+                     the {:.1}s its lease left it",
+                    budget.as_secs_f64()
+                );
+                crate::telemetry::partition_timed_out(shared.migration, shared.task.as_str());
+                tracing::warn!(
+                    migration = shared.migration,
+                    task = %shared.task,
+                    partition = p.id,
+                    batch_limit = limit,
+                    "{reason}: the partition goes on from its checkpoint with batches of at most \
+                     {limit} document(s)"
+                );
+                // What the timed-out command did is unknown until its deadline and a fence
+                // margin have passed (the server ends it by `maxTimeMS`, counted from when it
+                // arrived); every command of the attempt has settled or expired by now.
+                tokio::select! {
+                    _ = tokio::time::sleep(self.fence_margin()) => {}
+                    _ = stopped(shutdown.clone()) => {}
+                }
+                let renewed = Instant::now();
+                match self
+                    .store
+                    .time_out_partition(p.id, token, self.config.lease_ttl, limit, &reason)
+                    .await?
+                {
+                    Some(now) => {
+                        p = now;
+                        claimed_at = renewed;
+                    }
+                    None => break PartitionEnd::LeaseLost,
+                }
+                self.report_stall(&shared, &p).await?;
+                if !shared.runnable.load(Ordering::SeqCst) || *shutdown.borrow() {
+                    self.store.release_partition(p.id, token).await?;
+                    break PartitionEnd::Released;
+                }
+            };
+            match end {
+                PartitionEnd::TimedOut { .. } => unreachable!("started again above"),
                 PartitionEnd::Done => {
                     failures = 0;
                     crate::telemetry::partition_done(shared.migration, shared.task.as_str());
@@ -1075,11 +1167,16 @@ impl Worker {
                 PartitionEnd::LeaseLost => {
                     shared.counters.leases_lost.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
+                        migration = shared.migration,
+                        task = %shared.task,
                         partition = p.id,
-                        "lease lost; another worker owns the partition"
+                        "lease lost: the partition's lease ran out before this worker renewed \
+                         it (a state-store write that waited, or a pause of the process), and \
+                         another worker may hold it now; this worker stopped writing to it"
                     );
                 }
                 PartitionEnd::Retry(why) => {
+                    self.store.note_partition_failure(p.id, &why).await?;
                     failures += 1;
                     let wait = crate::copy::writer::backoff_ceiling(
                         failures,
@@ -1099,6 +1196,53 @@ impl Worker {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Reports a partition whose last attempts in a row recorded nothing
+    /// ([`crate::store::partitions::STALLED_AFTER`]), when it stalls and again each time the
+    /// count doubles: an event (its row, log line and metric), so that a partition taken over
+    /// again and again, or timing out at its smallest batch, is seen rather than retried in
+    /// silence.
+    async fn report_stall(&self, shared: &Shared, p: &Partition) -> Result<(), WorkerError> {
+        let after = crate::store::partitions::STALLED_AFTER;
+        if p.stalls < after
+            || p.stalls % after != 0
+            || !(p.stalls / after).unsigned_abs().is_power_of_two()
+        {
+            return Ok(());
+        }
+        crate::telemetry::partition_stalled(shared.migration, shared.task.as_str());
+        let last = p
+            .last_failure
+            .as_deref()
+            .unwrap_or("its holder's lease ran out");
+        self.store
+            .record_event(
+                shared.migration,
+                &self.config.actor,
+                &NewEvent::new(
+                    EventKind::PartitionStalled,
+                    json!({
+                        "worker": self.config.name,
+                        "task": shared.task.as_str(),
+                        "partition": p.id,
+                        "location": p.location().to_string(),
+                        "range": range_text(p),
+                        "stalls": p.stalls,
+                        "attempts": p.attempts,
+                        "timeouts": p.timeouts,
+                        "batch_limit": p.batch_limit,
+                        "last_failure": p.last_failure,
+                    }),
+                )
+                .reason(Some(&format!(
+                    "partition {} has been attempted {} times in a row without recording \
+                     anything; last: {last}",
+                    p.id, p.stalls
+                ))),
+            )
+            .await?;
         Ok(())
     }
 
@@ -1147,9 +1291,24 @@ impl Worker {
             })
         };
         let _keeper = AbortOnDrop(keeper);
+        // Deletes an earlier attempt sent and never checkpointed are counted first: the
+        // documents they removed are no longer there for this attempt's scan to count.
+        if shared.task == Task::Cleanup {
+            match self.recount_pending_deletes(p, token, &location).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(PartitionEnd::LeaseLost),
+                Err(RecountError::Read(e)) => return Ok(PartitionEnd::Retry(e)),
+                Err(RecountError::Store(e)) => return Err(e.into()),
+            }
+        }
+        // The partition's batch limit (cut by a holder whose command ran out of time, and
+        // grown back here while batches finish well within their time).
+        let limit = Arc::new(AtomicUsize::new(
+            p.batch_limit.map_or(usize::MAX, |l| l.max(1) as usize),
+        ));
         let batch_size: Arc<dyn Fn() -> usize + Send + Sync> = {
-            let shared = shared.clone();
-            Arc::new(move || shared.batch_size())
+            let (shared, limit) = (shared.clone(), limit.clone());
+            Arc::new(move || shared.batch_size().min(limit.load(Ordering::Relaxed)))
         };
         // Cleanup looks its documents up in the target locations' own scans of the range.
         // Every scan is opened at once: a server may answer a sorted query only once it has
@@ -1291,7 +1450,7 @@ impl Worker {
                     let docs = match read {
                         Ok(docs) => docs,
                         Err(e) => {
-                            end = Some(PartitionEnd::Retry(e.to_string()));
+                            PartitionEnd::outrank(&mut end, PartitionEnd::Retry(e.to_string()));
                             continue;
                         }
                     };
@@ -1308,6 +1467,7 @@ impl Worker {
                         tokio::time::sleep(wait).await;
                     }
                     let last_id = docs.last_id();
+                    let docs_read = docs.len();
                     let started = Instant::now();
                     let prepared = match (shared.task, docs) {
                         (Task::Backfill, ReadBatch::Raw(docs)) => {
@@ -1326,7 +1486,7 @@ impl Worker {
                                 docs,
                             );
                             if let Err(e) = place_mirrors(&self.shards, &mut prepared).await {
-                                end = Some(PartitionEnd::Retry(e.to_string()));
+                                PartitionEnd::outrank(&mut end, PartitionEnd::Retry(e.to_string()));
                                 continue;
                             }
                             prepared
@@ -1339,12 +1499,12 @@ impl Worker {
                             Ok(Ok(prepared)) => prepared,
                             Ok(Err(reason)) => {
                                 missing = Some(reason);
-                                end = Some(PartitionEnd::Released);
+                                PartitionEnd::outrank(&mut end, PartitionEnd::Released);
                                 continue;
                             }
                             Err(e) => {
                                 failure = Some(e);
-                                end = Some(PartitionEnd::Released);
+                                PartitionEnd::outrank(&mut end, PartitionEnd::Released);
                                 continue;
                             }
                         },
@@ -1363,8 +1523,36 @@ impl Worker {
                         })
                     };
                     let n = window.send();
-                    let writer = shared.writer();
+                    let documents = docs_read;
                     let PreparedBatch { statements, kinds, ids, targets, checkpoint, .. } = prepared;
+                    // A cleanup batch's deletes are recorded before they are sent: once sent,
+                    // the documents may be gone before any checkpoint counts them.
+                    let deletes: Vec<Vec<u8>> = ids
+                        .iter()
+                        .zip(&kinds)
+                        .filter(|(_, k)| **k == Kind::Delete)
+                        .map(|(id, _)| ids::encode(id))
+                        .collect();
+                    if !deletes.is_empty() {
+                        match self.store.record_pending_deletes(p.id, token, n, &deletes).await {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                window.settle(n, None);
+                                end = Some(PartitionEnd::LeaseLost);
+                                continue;
+                            }
+                            Err(e) => {
+                                window.settle(n, None);
+                                failure = Some(e.into());
+                                PartitionEnd::outrank(&mut end, PartitionEnd::Released);
+                                continue;
+                            }
+                        }
+                    }
+                    let writer = shared.writer();
+                    let budget = deadline
+                        .now()
+                        .saturating_duration_since(tokio::time::Instant::now());
                     let write = tokio::spawn(async move {
                         let sent = Instant::now();
                         let report = writer.write_by(statements, Some(deadline)).await;
@@ -1372,7 +1560,7 @@ impl Worker {
                     });
                     writes.push(async move {
                         let written = write.await;
-                        (n, written, Unsettled { kinds, ids, targets, checkpoint, last_id, started })
+                        (n, written, Unsettled { kinds, ids, targets, checkpoint, last_id, started, budget, documents })
                     });
                 }
                 Some((n, written, batch)) = futures::StreamExt::next(&mut writes), if !writes.is_empty() => {
@@ -1391,14 +1579,29 @@ impl Worker {
                             continue;
                         }
                     };
-                    match self.settle(shared, report, latency, batch) {
-                        Ok(settled) => window.settle(n, Some(settled)),
+                    let (documents, budget) = (batch.documents, batch.budget);
+                    match self.settle(shared, report, latency, batch, &location) {
+                        Ok(mut settled) => {
+                            if shared.task == Task::Cleanup {
+                                settled.checkpoint.pending_through = Some(n);
+                            }
+                            // A batch at the limit that took under a quarter of its time:
+                            // the limit doubles back (a slow spell should not cut a large
+                            // partition's batches for good).
+                            let at = limit.load(Ordering::Relaxed);
+                            if at != usize::MAX && documents >= at && latency < budget / 4 {
+                                let configured = shared.settings.lock().unwrap().batch_size;
+                                let grown = at.saturating_mul(2);
+                                limit.store(
+                                    if grown >= configured { usize::MAX } else { grown },
+                                    Ordering::Relaxed,
+                                );
+                            }
+                            window.settle(n, Some(settled))
+                        }
                         Err(why) => {
                             window.settle(n, None);
-                            // A lost lease outranks a retry: nothing may be released then.
-                            if !matches!(end, Some(PartitionEnd::LeaseLost)) {
-                                end = Some(why);
-                            }
+                            PartitionEnd::outrank(&mut end, why);
                         }
                     }
                 }
@@ -1466,6 +1669,7 @@ impl Worker {
         report: crate::copy::BatchReport,
         latency: Duration,
         batch: Unsettled,
+        location: &Location,
     ) -> Result<Settled, PartitionEnd> {
         let c = &shared.counters;
         c.retries
@@ -1479,9 +1683,15 @@ impl Worker {
         );
         if report.counts.expired > 0 {
             // Past the lease's deadline: nothing of this batch may be recorded, and the
-            // partition is not released either: it is taken over only once the lease and its
-            // fence margin have passed, when nothing sent can land any more.
-            return Err(PartitionEnd::LeaseLost);
+            // partition is not released either: what the command did is unknown until a
+            // fence margin after its deadline. The lease itself is still ours (a lost one is
+            // the keeper's or a checkpoint's finding).
+            return Err(PartitionEnd::TimedOut {
+                statements: batch.kinds.len(),
+                documents: batch.documents,
+                budget: batch.budget,
+                location: location.clone(),
+            });
         }
         let cut = shared
             .rate
@@ -1546,10 +1756,73 @@ impl Worker {
         })
     }
 
+    /// Counts the deletes an earlier attempt on a cleanup partition sent and never
+    /// checkpointed ([`Store::pending_deletes`]): those whose ids the source no longer holds
+    /// were applied ([`protocol::applied_pending_deletes`]) and go into the ledger as scanned
+    /// and deleted; the others are still in the source, after the checkpoint, and this
+    /// attempt's scan meets them. Runs once the earlier holder can write no more (a takeover
+    /// comes a fence margin after its lease; a holder starting again waited as long).
+    /// `Ok(false)`: the lease is no longer ours.
+    async fn recount_pending_deletes(
+        &self,
+        p: &Partition,
+        token: Uuid,
+        location: &Location,
+    ) -> Result<bool, RecountError> {
+        let pending = self.store.pending_deletes(p.id).await?;
+        if pending.is_empty() {
+            return Ok(true);
+        }
+        let mut sent = Vec::with_capacity(pending.len());
+        for bytes in &pending {
+            sent.push(ids::decode(bytes).map_err(|e| RecountError::Read(e.to_string()))?);
+        }
+        let mut present = std::collections::HashSet::new();
+        for chunk in sent.chunks(1_000) {
+            let found = self
+                .shards
+                .find_by_ids(location, chunk, Some(doc! { "_id": 1 }))
+                .await
+                .map_err(|e| RecountError::Read(e.to_string()))?;
+            present.extend(found.into_keys());
+        }
+        let keys: Vec<Vec<u8>> = sent.iter().map(ids::key).collect();
+        let applied = protocol::applied_pending_deletes(&keys, &present);
+        if !self
+            .store
+            .recount_pending_deletes(p.id, token, applied)
+            .await?
+        {
+            return Ok(false);
+        }
+        tracing::info!(
+            migration = p.migration_id,
+            partition = p.id,
+            location = %location,
+            pending = sent.len(),
+            deleted = applied,
+            "counted the deletions an earlier attempt made after its last checkpoint"
+        );
+        Ok(true)
+    }
+
     /// How long before its partition lease ends a worker stops writing (and how long after it
     /// another worker may take the partition over): a fifth of the lease.
     fn fence_margin(&self) -> Duration {
         self.config.lease_ttl / 5
+    }
+}
+
+/// Why the deletes of an earlier attempt could not be counted.
+enum RecountError {
+    /// Reading the source failed (a failure that may pass: the partition is retried).
+    Read(String),
+    Store(StoreError),
+}
+
+impl From<StoreError> for RecountError {
+    fn from(e: StoreError) -> Self {
+        RecountError::Store(e)
     }
 }
 
@@ -1568,6 +1841,10 @@ struct Unsettled {
     last_id: Bson,
     /// When its documents were read.
     started: Instant,
+    /// The time its deadline left it when it was sent.
+    budget: Duration,
+    /// Documents read for it.
+    documents: usize,
 }
 
 /// A batch that settled well: its part of the partition's checkpoint.

@@ -27,7 +27,9 @@ use crate::output::{self, not_negative};
 use crate::phase::Phase;
 use crate::settings::MigrationSettings;
 use crate::store::events::EventKind;
-use crate::store::partitions::{wave_bound, Partition, PartitionState, Task, TaskTotals};
+use crate::store::partitions::{
+    wave_bound, Partition, PartitionState, Task, TaskTotals, STALLED_AFTER,
+};
 use crate::store::routers::RouterRow;
 use crate::store::workers::WorkerRow;
 
@@ -210,6 +212,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
     let wave = open_wave(&wave_rows, settings.cleanup_waves);
     let mut tasks = serde_json::Map::new();
     let mut active = None;
+    let mut stalled = Vec::new();
     for (name, task_partitions) in [
         ("backfill", partitions.clone()),
         ("verify", latest_full_run_partitions(ctx, id).await?),
@@ -220,6 +223,23 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             active = Some((name, size_of(task_partitions.iter().map(part_size))));
         }
         tasks.insert(name.to_owned(), task_progress(&task_partitions));
+        stalled.extend(
+            task_partitions
+                .iter()
+                .filter(|p| p.state != PartitionState::Done && p.stalls >= STALLED_AFTER)
+                .map(|p| {
+                    json!({
+                        "task": name,
+                        "partition": p.id,
+                        "location": format!("{}/{}", p.source_shard, p.source_collection),
+                        "stalls": p.stalls,
+                        "attempts": p.attempts,
+                        "timeouts": p.timeouts,
+                        "batch_limit": p.batch_limit,
+                        "last_failure": p.last_failure,
+                    })
+                }),
+        );
     }
     let progress = active.map(|(task, size)| {
         let mut p = size_json(&size);
@@ -332,6 +352,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
         "tasks": tasks,
         "routers": routers,
         "findings_open": findings_open,
+        "stalled_partitions": stalled,
     });
     Ok((
         Snapshot {
@@ -646,6 +667,26 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
             ),
         ),
     ]);
+    for p in v["stalled_partitions"].as_array().into_iter().flatten() {
+        fields.push((
+            "stalled",
+            format!(
+                "partition {} ({} at {}): {} attempts in a row recorded nothing ({} timed out, \
+                 batches of at most {}); last: {}",
+                p["partition"],
+                p["task"].as_str().unwrap_or(""),
+                p["location"].as_str().unwrap_or(""),
+                p["stalls"],
+                p["timeouts"],
+                p["batch_limit"]
+                    .as_i64()
+                    .map_or("the configured size".to_owned(), |l| l.to_string()),
+                p["last_failure"]
+                    .as_str()
+                    .unwrap_or("its holder's lease ran out"),
+            ),
+        ));
+    }
     output::fields(&fields);
     let sh = &v["shadow_reads"];
     let compared = sh["reads_compared"].as_i64().unwrap_or(0);

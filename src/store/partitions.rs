@@ -189,6 +189,16 @@ pub struct Partition {
     pub outcomes: serde_json::Value,
     pub approx_documents: Option<i64>,
     pub attempts: i32,
+    /// The most documents one batch of this partition may carry, cut by a holder whose command
+    /// ran out of the time its lease left; `None`: the configured batch size.
+    pub batch_limit: Option<i32>,
+    /// Commands of this partition that ran out of the time their lease left.
+    pub timeouts: i32,
+    /// Attempts in a row that recorded nothing: claims and restarts add one, a checkpoint
+    /// resets it ([`STALLED_AFTER`]).
+    pub stalls: i32,
+    /// Why the last attempt ended before the partition did.
+    pub last_failure: Option<String>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -198,10 +208,16 @@ pub struct Partition {
     pub taken_over_from: Option<String>,
 }
 
-pub(super) const PARTITION_COLUMNS: &str = "id, migration_id, task, source_shard, source_collection, id_type,
+pub(super) const PARTITION_COLUMNS: &str =
+    "id, migration_id, task, source_shard, source_collection, id_type,
     lower_bound, upper_bound, tenant_filter, state, lease_token, lease_owner, lease_expires_at,
     last_id, scanned, inserted, already_present, stamped, dead_lettered, skipped_foreign,
-    deleted, kept, run_id, outcomes, approx_documents, attempts, created_at, started_at, finished_at";
+    deleted, kept, run_id, outcomes, approx_documents, attempts, batch_limit, timeouts, stalls,
+    last_failure, created_at, started_at, finished_at";
+
+/// A partition whose last this many attempts in a row recorded nothing is stalled: reported
+/// (an event, `status`, a metric) rather than retried in silence.
+pub const STALLED_AFTER: i32 = 3;
 
 /// What one batch added to a partition, stored with its checkpoint.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -219,6 +235,9 @@ pub struct Checkpoint {
     /// Cleanup: source documents that never moved, left in place.
     pub kept: i64,
     pub dead_letters: Vec<NewDeadLetter>,
+    /// Cleanup: the last batch (by its number within the attempt) whose pending deletes this
+    /// checkpoint records; they are removed with it.
+    pub pending_through: Option<u64>,
 }
 
 impl Checkpoint {
@@ -235,6 +254,7 @@ impl Checkpoint {
         self.deleted += later.deleted;
         self.kept += later.kept;
         self.dead_letters.extend(later.dead_letters);
+        self.pending_through = later.pending_through.or(self.pending_through);
     }
 }
 
@@ -568,6 +588,7 @@ impl Store {
                  ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
              UPDATE partitions SET state = 'leased', lease_token = $3, lease_owner = $4,
                  lease_expires_at = now() + make_interval(secs => $5), attempts = attempts + 1,
+                 stalls = stalls + 1,
                  fence_margin = make_interval(secs => $7),
                  started_at = coalesce(started_at, now())
              FROM picked WHERE partitions.id = picked.picked_id
@@ -619,7 +640,7 @@ impl Store {
                  already_present = already_present + $6, stamped = stamped + $7,
                  dead_lettered = dead_lettered + $8, skipped_foreign = skipped_foreign + $9,
                  lease_expires_at = now() + make_interval(secs => $10),
-                 deleted = deleted + $11, kept = kept + $12
+                 deleted = deleted + $11, kept = kept + $12, stalls = 0
              WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
         )
         .bind(partition.id)
@@ -638,6 +659,17 @@ impl Store {
         .await?;
         if r.rows_affected() != 1 {
             return Ok(false);
+        }
+        if let Some(through) = batch.pending_through {
+            sqlx::query(
+                "DELETE FROM pending_deletes
+                 WHERE partition_id = $1 AND lease_token = $2 AND seq <= $3",
+            )
+            .bind(partition.id)
+            .bind(token)
+            .bind(through as i64)
+            .execute(&mut *tx)
+            .await?;
         }
         for d in &batch.dead_letters {
             sqlx::query(
@@ -683,6 +715,112 @@ impl Store {
             .reason(Some(&first.message));
             events::insert(&mut tx, &migration, actor, &event).await?;
         }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// A holder's command ran out of the time its lease left: the partition's batches are cut
+    /// to `batch_limit` documents for whoever works on it next, the timeout and `reason` are
+    /// recorded, and the attempt counts as one that recorded nothing. The partition stays
+    /// leased to `token` (the holder starts again from its checkpoint); `None` when the lease
+    /// is no longer its. Returns the row as it is now (its checkpoint).
+    pub async fn time_out_partition(
+        &self,
+        id: i64,
+        token: Uuid,
+        ttl: std::time::Duration,
+        batch_limit: usize,
+        reason: &str,
+    ) -> StoreResult<Option<Partition>> {
+        Ok(sqlx::query_as(&format!(
+            "UPDATE partitions SET batch_limit = $3, timeouts = timeouts + 1,
+                 stalls = stalls + 1, last_failure = $4,
+                 lease_expires_at = now() + make_interval(secs => $5)
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'
+             RETURNING {PARTITION_COLUMNS}"
+        ))
+        .bind(id)
+        .bind(token)
+        .bind(batch_limit.clamp(1, i32::MAX as usize) as i32)
+        .bind(reason)
+        .bind(ttl.as_secs_f64())
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    /// Records why an attempt on a partition ended before the partition did (kept for
+    /// `status` and the stall report).
+    pub async fn note_partition_failure(&self, id: i64, reason: &str) -> StoreResult<()> {
+        sqlx::query("UPDATE partitions SET last_failure = $2 WHERE id = $1")
+            .bind(id)
+            .bind(reason)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Records the ids a cleanup holder is about to delete (batch `seq` of its attempt),
+    /// fenced by its lease: `false` when the lease is no longer its (nothing may be sent).
+    pub async fn record_pending_deletes(
+        &self,
+        partition: i64,
+        token: Uuid,
+        seq: u64,
+        ids: &[Vec<u8>],
+    ) -> StoreResult<bool> {
+        let r = sqlx::query(
+            "INSERT INTO pending_deletes (partition_id, lease_token, seq, ids)
+             SELECT $1, $2, $3, $4 FROM partitions
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'
+             ON CONFLICT (partition_id, lease_token, seq) DO UPDATE SET ids = excluded.ids",
+        )
+        .bind(partition)
+        .bind(token)
+        .bind(seq as i64)
+        .bind(ids)
+        .execute(self.pool())
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// The ids of deletes sent on `partition` and never checkpointed, by any holder.
+    pub async fn pending_deletes(&self, partition: i64) -> StoreResult<Vec<Vec<u8>>> {
+        let rows: Vec<(Vec<Vec<u8>>,)> = sqlx::query_as(
+            "SELECT ids FROM pending_deletes WHERE partition_id = $1 ORDER BY lease_token, seq",
+        )
+        .bind(partition)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().flat_map(|(ids,)| ids).collect())
+    }
+
+    /// Records the deletions an earlier attempt made after its last checkpoint (`gone`: the
+    /// pending ids the source no longer holds) as scanned and deleted, and forgets every
+    /// pending delete of the partition, in one transaction fenced by `token`. `false`: the
+    /// lease is no longer ours and nothing was stored.
+    pub async fn recount_pending_deletes(
+        &self,
+        partition: i64,
+        token: Uuid,
+        gone: u64,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool().begin().await?;
+        let r = sqlx::query(
+            "UPDATE partitions SET scanned = scanned + $3, deleted = deleted + $3
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
+        )
+        .bind(partition)
+        .bind(token)
+        .bind(gone as i64)
+        .execute(&mut *tx)
+        .await?;
+        if r.rows_affected() != 1 {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM pending_deletes WHERE partition_id = $1")
+            .bind(partition)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(true)
     }

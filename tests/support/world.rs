@@ -80,6 +80,16 @@ impl World {
         Self::start_with(db, [("v1.yaml", v1.to_owned()), ("v2.yaml", v2.to_owned())]).await
     }
 
+    /// A world whose server takes `configureFailPoint` (`failCommand`).
+    #[allow(dead_code)]
+    pub async fn start_with_failpoints() -> World {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/versions");
+        let texts = ["orders_v1.yaml", "orders_v2.yaml"]
+            .map(|file| (file, std::fs::read_to_string(fixtures.join(file)).unwrap()));
+        let server = MongoServer::builder().test_commands(true).start().await;
+        Self::start_with_server(StateDb::Shared(PgDb::fresh().await), texts, server).await
+    }
+
     async fn start_on(db: StateDb) -> World {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/versions");
         let texts = ["orders_v1.yaml", "orders_v2.yaml"]
@@ -88,7 +98,14 @@ impl World {
     }
 
     async fn start_with(db: StateDb, texts: [(&str, String); 2]) -> World {
-        let server = MongoServer::start().await;
+        Self::start_with_server(db, texts, MongoServer::start().await).await
+    }
+
+    async fn start_with_server(
+        db: StateDb,
+        texts: [(&str, String); 2],
+        server: MongoServer,
+    ) -> World {
         let store = Store::connect_unchecked(&db.url()).await.unwrap();
         store.migrate().await.unwrap();
         let client = server.client().await;
