@@ -18,7 +18,10 @@
 //! - the copier inserts if absent; cleanup deletes a source document only once the target holds
 //!   a copy or a tombstone of it;
 //! - while rolling back (`reverting`), every write to the target is mirrored to the source by
-//!   revision, so that the source holds the newest data once writes move back to it.
+//!   revision, so that the source holds the newest data once writes move back to it;
+//! - the locations a `fanout` source lists for an id hold one document of it between them, as
+//!   one collection would: every step goes where that document is ([`listed_location`],
+//!   [`mirror_location`]), and only an id held nowhere is inserted, at the first listed one.
 //!
 //! Revisions: every application write or tombstone the executor puts in the target carries
 //! `_reshard.rev` = the previous revision of that id in the target + 1, computed atomically by
@@ -748,11 +751,76 @@ pub fn mirror_writes<L: PartialEq>(image_at: &L, source_at: &[L]) -> bool {
 /// document beside the source's on another listed shard: a mirrored delete left the order
 /// live after the rollback, a mirrored update left two versions of it.
 pub fn mirror_location<'a, L>(source_at: &'a [L], holds: &[bool]) -> Option<&'a L> {
-    source_at
+    first_holding(source_at, holds).or(source_at.first())
+}
+
+/// The first of `listed` whose flag in `holds` is set.
+fn first_holding<'a, L>(listed: &'a [L], holds: &[bool]) -> Option<&'a L> {
+    listed
         .iter()
         .zip(holds)
         .find_map(|(l, held)| held.then_some(l))
-        .or(source_at.first())
+}
+
+/// Where a router's step goes in a layout that lists several locations for its id, or the
+/// answer it gets without being sent: see [`listed_location`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listed<'a, L, D> {
+    /// Send the step to this listed location.
+    At(&'a L),
+    /// Send nothing: this is the step's answer.
+    Answered(Answer<D>),
+}
+
+/// Where a router's step on a side goes when that side's version lists several locations for
+/// the id (`listed`, a `fanout` source: the id's document sits on one of them, not
+/// necessarily the first), given which of them hold a document with the id (`holds`: live or
+/// tombstone, one flag per listed location, all asked at once). The listed locations then
+/// behave as one collection with a unique index on `_id`, holding one document per id:
+/// - a find reads the first listed location holding the id (none: absent);
+/// - an insert is a duplicate key when any listed location holds the id, as it is in one
+///   collection: over a live document the machine then reports the duplicate, over a
+///   tombstone it replaces the tombstone where it is ([`Step::ReplaceTombstone`], which finds
+///   it there). Sent to the first listed location without looking at the others (the
+///   router's rule before this decision), an insert beside a live document made two
+///   versions of the id; beside a tombstone, a second document too, and after a rollback
+///   one whose revision starts afresh, which a late mirror of an older image (its condition
+///   compares revisions with the first document holding the id) overwrites. When none holds
+///   the id the insert goes to the first listed location, where documents of ids held
+///   nowhere appear (inserts, and mirrors: [`mirror_location`]), so two inserts that raced
+///   past their probes meet at that location's unique index;
+/// - every other write (a replace, an update, a delete, live or not) acts on the document
+///   holding the id: at the first listed location holding it, where a find reads it; when
+///   none holds it, it matches nothing and is not sent. Sent to the first listed location
+///   regardless (as the router sent every write the machine did not precede with a find,
+///   before this decision), an update or a delete of a document on another listed location
+///   matched nothing and was lost;
+/// - a mirror goes where [`mirror_location`] says.
+///
+/// A version that places the id at one location sends every step there, without a probe.
+pub fn listed_location<'a, L, D, U>(
+    step: &Step<D, U>,
+    listed: &'a [L],
+    holds: &[bool],
+) -> Listed<'a, L, D> {
+    let holder = first_holding(listed, holds);
+    let at = |location: Option<&'a L>, otherwise: Answer<D>| match location {
+        Some(l) => Listed::At(l),
+        None => Listed::Answered(otherwise),
+    };
+    match step {
+        Step::Find(_) => at(holder, Answer::Found(Found::Absent)),
+        Step::Insert(..) if holder.is_some() => Listed::Answered(Answer::DuplicateKey),
+        Step::Insert(..) => at(listed.first(), Answer::DuplicateKey),
+        Step::MirrorToSource => at(mirror_location(listed, holds), Answer::Matched(false)),
+        Step::ReplaceLive(..)
+        | Step::ReplaceTombstone(..)
+        | Step::ReplaceCopy(..)
+        | Step::UpdateLive(..)
+        | Step::Delete(_)
+        | Step::DeleteLive(_)
+        | Step::DeleteTombstone(_) => at(holder, Answer::Matched(false)),
+    }
 }
 
 /// What the revert copier does with a document it scanned in the target.
@@ -1181,6 +1249,48 @@ mod tests {
         assert_eq!(applied_pending_deletes(&["a", "a", "b"], &present), 1);
         assert_eq!(applied_pending_deletes(&["b", "d"], &present), 0);
         assert_eq!(applied_pending_deletes::<&str>(&[], &present), 0);
+    }
+
+    #[test]
+    fn the_locations_a_fanout_source_lists_hold_one_document_per_id() {
+        let listed = ["s1", "s2"];
+        let step = |s: Step<&'static str, &'static str>, holds: &[bool]| {
+            listed_location(&s, &listed, holds)
+        };
+        let (insert, update) = (Step::Insert(S, Payload::App("d")), Step::UpdateLive(S, "u"));
+        // The document sits on the second listed shard: every step goes there, and an
+        // insert is a duplicate key without being sent, whether it is live or a tombstone.
+        for s in [Step::Find(S), update.clone(), Step::DeleteLive(S)] {
+            assert_eq!(step(s, &[false, true]), Listed::At(&"s2"));
+        }
+        assert_eq!(
+            step(Step::ReplaceTombstone(S, Payload::App("d")), &[false, true]),
+            Listed::At(&"s2")
+        );
+        assert_eq!(
+            step(insert.clone(), &[false, true]),
+            Listed::Answered(Answer::DuplicateKey)
+        );
+        // Held nowhere: an insert goes to the first listed shard, a find is absent, and
+        // a write matches nothing without being sent.
+        assert_eq!(step(insert, &[false, false]), Listed::At(&"s1"));
+        assert_eq!(
+            step(Step::Find(S), &[false, false]),
+            Listed::Answered(Answer::Found(Found::Absent))
+        );
+        assert_eq!(
+            step(update, &[false, false]),
+            Listed::Answered(Answer::Matched(false))
+        );
+        // A mirror of an id held nowhere goes to the first listed shard (`mirror_location`).
+        assert_eq!(
+            step(Step::MirrorToSource, &[false, false]),
+            Listed::At(&"s1")
+        );
+        assert_eq!(
+            step(Step::MirrorToSource, &[false, true]),
+            Listed::At(&"s2")
+        );
     }
 
     #[test]

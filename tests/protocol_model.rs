@@ -2,21 +2,22 @@
 //! after a lapse, and issue 13's silent, crashed and forgotten routers): every interleaving of
 //! two routers, the backfill copier, the cleaner, the revert copier, a repairer, the driver
 //! moving phases and sealing a rollback, and an operator forgetting a router, on a few
-//! operations over two or three ids, some of them shared by both layouts, explored breadth
-//! first with state hashing.
+//! operations over two or three ids, some of them shared by both layouts, or over one or two
+//! ids of a fanout source, explored breadth first with state hashing.
 //!
 //! The actors run the product's own decisions from `reshard::protocol` (the operation machines;
 //! the workers' `backfill_action`, `cleanup_action`, `cleanup_decision` and `revert_action`, and
 //! their checkpoints' `BatchWindow`; the repair's `repair_copy_step` and `repair_replace_step`;
-//! `purge_tombstone_step`; the mirrors' `mirror_writes`) against an in-memory store of two
-//! layouts whose single-document steps are atomic, as MongoDB makes them. The model only
-//! executes steps and decisions; it deviates, for the broken variants, only in its own
-//! executor and actors. A stored document knows whether it is a pristine copy
-//! (`_reshard.src = "copy"`, written by a copier and by no one since), which `revert_action`
-//! and `Step::ReplaceCopy` depend on. The workers classify what they scan by building a
-//! `Disposition` from the model's store and its locations (`disposition::of` needs real
-//! routing versions): the source version places a moving id on one shard, the target version
-//! on another, and both place a shared id in one collection.
+//! `purge_tombstone_step`; the mirrors' `mirror_writes` and `mirror_location`; where a step on
+//! a fanout source goes, `listed_location`) against an in-memory store of two layouts whose
+//! single-document steps are atomic, as MongoDB makes them. The model only executes steps and
+//! decisions; it deviates, for the broken variants, only in its own executor and actors. A
+//! stored document knows whether it is a pristine copy (`_reshard.src = "copy"`, written by a
+//! copier and by no one since), which `revert_action` and `Step::ReplaceCopy` depend on. The
+//! workers classify what they scan by building a `Disposition` from the model's store and its
+//! locations (`disposition::of` needs real routing versions): the source version places a
+//! moving id on one shard, the target version on another, and both place a shared id in one
+//! collection.
 //!
 //! What is modelled:
 //! - routers: every step of an operation is an action of its own. A router serves on the phase
@@ -121,7 +122,20 @@
 //!   `revert_action` the location it scanned. Its stamp (`_reshard.mig`) follows the
 //!   product's writes: a replace, a tombstone or an insert drops it, an update keeps it, a
 //!   `rolled_back` source write sets it. The revert copier's scan reads a document no one
-//!   wrote through reshard (revision 0) as the other layout's, as `disposition::of` does.
+//!   wrote through reshard (revision 0) as the other layout's, as `disposition::of` does;
+//! - a fanout source (`Workload::fanout`, the fanout world): the source version is a layout
+//!   reshard did not make, listing two locations for every id (s1, then s3), and an id's
+//!   document starts on one of them, the second for the interesting ids (`Store::source_slots`
+//!   holds a document per listed location). A router's step on the source is two actions, as
+//!   the product's executor runs it: a probe of every listed location, then the step sent
+//!   where `listed_location` says (a find is answered by the probe; an insert is a duplicate
+//!   key when any listed location holds the id, else goes to the first; any other write goes
+//!   where the document is, and matches nothing when none holds it: both answered unsent); a
+//!   router's mirror is three: the target read, the probe, the conditional write where
+//!   `mirror_location` says. The revert copier places each mirror of its batch by a lookup
+//!   of the listed locations when it reads the batch (`place_mirrors`, in the product just
+//!   before the batch is sent), so the write lands later; cleanup deletes a document where
+//!   its scan read it; the source's purge runs at every listed location.
 //!
 //! The checks, after every step:
 //! - the history of every id is linearizable against a plain key-value specification (every
@@ -133,6 +147,8 @@
 //!   router: the application's delete) removes a source document while the target holds
 //!   neither a copy nor a tombstone of it;
 //! - a repair never overwrites the application's write or a tombstone;
+//! - a fanout source holds one document per id (live or tombstone) among the locations it
+//!   lists, as one collection would: a second is a second version of the id;
 //! - an operation machine never rejects an answer or gives up, and a worker decision never
 //!   dead-letters a routable document.
 //!
@@ -156,15 +172,24 @@
 //! forgets a router whose lease is live, which serves on while the driver moves past it; the
 //! checkpoint passes a batch that did not settle well, recording the batch after it; the
 //! checkpoint records a batch that settled well before the batches sent before it settled; a
-//! router's mirror, or the revert copier's, writes into a shared id's one document) must each
-//! be caught, so that a clean run of the real protocol means something.
+//! router's mirror, or the revert copier's, writes into a shared id's one document; with a
+//! fanout source, a router's mirror, or the revert copier's, goes to the first listed
+//! location whatever holds the id, an insert goes there without looking at the others, or a
+//! replace, an update or a delete goes there without looking where the document is) must
+//! each be caught, so that a clean run of the real protocol means something.
 //!
 //! Not modelled: the routing field a staying document is stamped with (the model's layouts
-//! have none: `Disposition::Stays { stamp: None }`); misplaced documents and their repair;
-//! fanout layouts (a document at several locations: the model has one location per id and
-//! side, so a mirror asks `mirror_writes` about the source's one location); more than one
-//! partition per worker, and more than three batches per partition (the model's scan reads
-//! ahead without a bound, a superset of the product's reader, at most two batches ahead);
+//! have none: `Disposition::Stays { stamp: None }`); misplaced documents and their repair; a
+//! fanout layout listing more than two locations, or as the target, or listing the
+//! collection the target places an id in (a shared id: the fanout world has none, nor
+//! documents that cannot be routed); the probes of the listed locations as several reads
+//! (the product sends them at once; the model takes them at one instant, and the write that
+//! follows as a step of its own: nothing creates a document of an id held nowhere but at the
+//! first listed location, where the unique index refuses a second); the workers' scans of
+//! each listed location apart (the model's scan reads the id's one document where it is);
+//! more than one partition per worker, and more than three batches per partition (the
+//! model's scan reads ahead without a bound, a superset of the product's reader, at most two
+//! batches ahead);
 //! the checkpoint statement's own delay or failure, and what it carries besides the position
 //! (counters, dead letters): it lands, atomically, when the batch that allows it settles (a
 //! later one is a later last acknowledgement, a kill before it lands the same as a kill
@@ -195,8 +220,12 @@
 //! lease expiry or with a kill, a lost copy with a kill, and three batches of one id each (two
 //! in flight at most); for shared ids: batches with a transient failure, a kill, a lost copy,
 //! both ids shared, a shared id created during the migration, an unroutable document, and a
-//! lease expiry on the full workload. Figures: BENCHMARKS.md, "Protocol model" (the batch and
-//! shared-id runs: the test output).
+//! lease expiry on the full workload. In the fanout world: on the first two operations per
+//! router with one id on the second listed location, and on inserts of one id there, each by
+//! itself and with one lease expiry; heavy: batches with a transient failure, a kill, and the
+//! full `updates_and_deletes` and `deletes_and_recreations` with both ids on the second
+//! listed location. Figures: BENCHMARKS.md, "Protocol model" (the batch, shared-id and fanout
+//! runs: the test output).
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
@@ -209,9 +238,10 @@ use reshard::disposition::Disposition;
 use reshard::phase::{Gate, Phase, WritePath};
 use reshard::protocol::{
     backfill_action, cleanup_action, cleanup_decision, cleanup_delete_step, cleanup_lookup_step,
-    copy_result, mirror_writes, purge_tombstone_step, repair_copy_step, repair_replace_step,
-    revert_action, Answer, BackfillAction, BatchWindow, CleanupAction, CleanupDecision, Found,
-    Interrupted, Next, Operation, OperationMachine, Outcome, Payload, RevertAction, Side, Step,
+    copy_result, listed_location, mirror_location, mirror_writes, purge_tombstone_step,
+    repair_copy_step, repair_replace_step, revert_action, Answer, BackfillAction, BatchWindow,
+    CleanupAction, CleanupDecision, Found, Interrupted, Listed, Next, Operation, OperationMachine,
+    Outcome, Payload, RevertAction, Side, Step,
 };
 use reshard::routing::Location;
 
@@ -278,9 +308,16 @@ impl Slot {
 
 /// The model's collection, on two shards. The source version places a moving id on s1 and
 /// the target version on s2; both place a shared id on s2, in the collection both layouts
-/// share, where it is one document (`Store::shared`).
+/// share, where it is one document (`Store::shared`). In the fanout world
+/// (`Workload::fanout`) the source version is a `fanout` layout listing s1 and s3 for every id
+/// (`FANOUT`), and an id's source document sits on one of them.
 static ON_S1: LazyLock<Location> = LazyLock::new(|| Location::new("s1", "orders"));
 static ON_S2: LazyLock<Location> = LazyLock::new(|| Location::new("s2", "orders"));
+static FANOUT: LazyLock<[Location; LISTED]> =
+    LazyLock::new(|| [ON_S1.clone(), Location::new("s3", "orders")]);
+
+/// The most locations a source version of the model lists for an id: the fanout world's two.
+const LISTED: usize = 2;
 
 /// A location no routing version of the model places anything at: what the broken
 /// `RevertCopyIntoSharedDocument` hands `revert_action` as the location it scanned.
@@ -288,44 +325,93 @@ static ELSEWHERE: LazyLock<Location> = LazyLock::new(|| Location::new("s9", "els
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Store {
-    /// Per id, the document where the source version places it, and where the target version
-    /// does. A shared id has one document for both, kept in `source_slots` (its
-    /// `target_slots` entry stays absent). Read and written through [`Store::get`] and
-    /// [`Store::slot`] only; the fingerprint and the probe reads' memo take them raw.
-    source_slots: [Slot; IDS],
+    /// Per id, the documents at the locations the source version lists for it, in its order
+    /// (`Store::listed`: one but in the fanout world), and the document where the target
+    /// version places it. A shared id has one document for both, kept at its one source
+    /// location (its `target_slots` entry stays absent). Read and written through
+    /// [`Store::get`], [`Store::slot`] and [`Store::slot_at`] only; the fingerprint and the
+    /// probe reads' memo take them raw.
+    source_slots: [[Slot; LISTED]; IDS],
     target_slots: [Slot; IDS],
-    /// Whether the source document is stamped as this migration's (`_reshard.mig`): written
+    /// Whether each source document is stamped as this migration's (`_reshard.mig`): written
     /// by a mirror, or by a router applying `rolled_back`. Mirrors compare revisions only
     /// with such documents; any other source document is older than every target version.
-    mirrored: [bool; IDS],
+    mirrored: [[bool; LISTED]; IDS],
     /// The workload's shared ids (`Workload::shared`): ids that both routing versions place in
     /// one collection both layouts share, so that their source and their target document are
     /// one. Constant through an exploration, so the fingerprint leaves it out.
     shared: [bool; IDS],
+    /// The fanout world (`Workload::fanout`): the source version lists `FANOUT` for every id.
+    /// Constant through an exploration, so the fingerprint leaves it out.
+    fanout: bool,
 }
 
 impl Store {
-    /// The document `side`'s version places for `id`: for a shared id, one document whatever
-    /// the side.
+    /// The document `side`'s version places for `id` at its first listed location: for a
+    /// shared id, one document whatever the side.
     fn slot(&mut self, side: Side, id: usize) -> &mut Slot {
+        self.slot_at(side, id, 0)
+    }
+
+    /// The document at the source's listed location `at` (0 on the target side).
+    fn slot_at(&mut self, side: Side, id: usize, at: usize) -> &mut Slot {
         match side {
             Side::Target if !self.shared[id] => &mut self.target_slots[id],
-            Side::Source | Side::Target => &mut self.source_slots[id],
+            Side::Source | Side::Target => &mut self.source_slots[id][at],
         }
     }
 
+    /// The id's document on `side`: on the source, the one at the first listed location
+    /// holding the id (there is at most one, `Model::apply` checks).
     fn get(&self, side: Side, id: usize) -> Slot {
         match side {
             Side::Target if !self.shared[id] => self.target_slots[id],
-            Side::Source | Side::Target => self.source_slots[id],
+            Side::Source | Side::Target => self.source_slots[id][self.found_at(id)],
         }
     }
 
-    /// Where `side`'s version places `id`: for a shared id, one location whatever the side.
+    /// The listed location of the id's source document; the first when none holds it.
+    fn found_at(&self, id: usize) -> usize {
+        if !self.fanout {
+            return 0;
+        }
+        (0..LISTED)
+            .find(|&at| self.source_slots[id][at] != Slot::Absent)
+            .unwrap_or(0)
+    }
+
+    /// The locations the source version lists for `id`, in its order: `FANOUT` in the fanout
+    /// world, else the one location it places the id at.
+    fn listed(&self, id: usize) -> &'static [Location] {
+        if self.fanout {
+            &FANOUT[..]
+        } else if self.shared[id] {
+            std::slice::from_ref(&*ON_S2)
+        } else {
+            std::slice::from_ref(&*ON_S1)
+        }
+    }
+
+    /// Which of the listed locations hold a document with `id`, live or tombstone, as the
+    /// executors' probes of each find it (those past the listed ones hold nothing).
+    fn holds(&self, id: usize) -> [bool; LISTED] {
+        self.source_slots[id].map(|slot| slot != Slot::Absent)
+    }
+
+    /// The position of `location` among the locations listed for `id`.
+    fn position(&self, id: usize, location: &Location) -> usize {
+        self.listed(id)
+            .iter()
+            .position(|l| l == location)
+            .expect("a listed location")
+    }
+
+    /// Where `side`'s version places `id`: for a shared id, one location whatever the side;
+    /// on the source, the listed location of its document (where a scan finds it).
     fn location(&self, side: Side, id: usize) -> &'static Location {
         match side {
-            Side::Source if !self.shared[id] => &ON_S1,
-            Side::Source | Side::Target => &ON_S2,
+            Side::Source => &self.listed(id)[self.found_at(id)],
+            Side::Target => &ON_S2,
         }
     }
 }
@@ -350,11 +436,17 @@ fn written(prev: Slot, payload: &Payload<u8>, source_rev: u8) -> Slot {
     }
 }
 
-/// Executes one single-document step atomically. `MirrorToSource` is two steps and is run by
-/// the actors through [`mirror_read`] and [`mirror_write`].
+/// Executes one single-document step atomically, on the source at its first listed location.
+/// `MirrorToSource` is two steps and is run by the actors through [`mirror_read`] and
+/// [`mirror_write`].
 fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
-    let before = store.get(Side::Source, id);
-    let answer = execute_step(store, id, step);
+    execute_at(store, id, 0, step)
+}
+
+/// Executes one single-document step atomically, on the source at its listed location `at`.
+fn execute_at(store: &mut Store, id: usize, at: usize, step: &MStep) -> Answer<u8> {
+    let before = store.source_slots[id][at];
+    let answer = execute_step(store, id, at, step);
     // A write that matched nothing leaves the source document, and its stamp, as they were.
     // One that changed it: a replace, a tombstone or an insert builds the document afresh,
     // without `_reshard.mig`; an update (`$set`, `$inc`) keeps it. A moving id's source
@@ -364,18 +456,18 @@ fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
     // shows. A shared id's document is written through the target path too, by routers in
     // `reverting` among the mirrors, and there the model keeps the product's distinction.
     let keeps_stamp = store.shared[id] && matches!(step, Step::UpdateLive(..));
-    if store.get(Side::Source, id) != before && !keeps_stamp {
-        store.mirrored[id] = false;
+    if store.source_slots[id][at] != before && !keeps_stamp {
+        store.mirrored[id][at] = false;
     }
     answer
 }
 
-fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
+fn execute_step(store: &mut Store, id: usize, at: usize, step: &MStep) -> Answer<u8> {
     let source_rev = store.get(Side::Source, id).rev().unwrap_or(0);
     match step {
-        Step::Find(side) => Answer::Found(store.slot(*side, id).found()),
+        Step::Find(side) => Answer::Found(store.slot_at(*side, id, at).found()),
         Step::Insert(side, payload) => {
-            let slot = store.slot(*side, id);
+            let slot = store.slot_at(*side, id, at);
             if *slot == Slot::Absent {
                 *slot = written(*slot, payload, source_rev);
                 Answer::Inserted
@@ -384,7 +476,7 @@ fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             }
         }
         Step::ReplaceLive(side, payload) => {
-            let slot = store.slot(*side, id);
+            let slot = store.slot_at(*side, id, at);
             let hit = matches!(slot, Slot::Live { .. });
             if hit {
                 *slot = written(*slot, payload, source_rev);
@@ -392,7 +484,7 @@ fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             Answer::Matched(hit)
         }
         Step::ReplaceTombstone(side, payload) => {
-            let slot = store.slot(*side, id);
+            let slot = store.slot_at(*side, id, at);
             let hit = matches!(slot, Slot::Tomb { .. });
             if hit {
                 *slot = written(*slot, payload, source_rev);
@@ -400,7 +492,7 @@ fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             Answer::Matched(hit)
         }
         Step::UpdateLive(side, Add(k)) => {
-            let slot = store.slot(*side, id);
+            let slot = store.slot_at(*side, id, at);
             match *slot {
                 // The update stamps `_reshard.src = "app"`: no longer a pristine copy.
                 Slot::Live { v, rev, .. } => {
@@ -415,13 +507,13 @@ fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             }
         }
         Step::Delete(side) => {
-            let slot = store.slot(*side, id);
+            let slot = store.slot_at(*side, id, at);
             let hit = *slot != Slot::Absent;
             *slot = Slot::Absent;
             Answer::Matched(hit)
         }
         Step::DeleteLive(side) => {
-            let slot = store.slot(*side, id);
+            let slot = store.slot_at(*side, id, at);
             let hit = matches!(slot, Slot::Live { .. });
             if hit {
                 *slot = Slot::Absent;
@@ -429,7 +521,7 @@ fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             Answer::Matched(hit)
         }
         Step::DeleteTombstone(side) => {
-            let slot = store.slot(*side, id);
+            let slot = store.slot_at(*side, id, at);
             let hit = matches!(slot, Slot::Tomb { .. });
             if hit {
                 *slot = Slot::Absent;
@@ -437,7 +529,7 @@ fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             Answer::Matched(hit)
         }
         Step::ReplaceCopy(side, payload) => {
-            let slot = store.slot(*side, id);
+            let slot = store.slot_at(*side, id, at);
             let hit = matches!(slot, Slot::Live { copy: true, .. });
             if hit {
                 *slot = written(*slot, payload, source_rev);
@@ -445,6 +537,52 @@ fn execute_step(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
             Answer::Matched(hit)
         }
         Step::MirrorToSource => unreachable!("mirrors run as two steps"),
+    }
+}
+
+/// Whether a router's step is one on the fanout world's source, which its executor places
+/// among the listed locations after probing every one of them ([`probe_listed`]).
+fn on_listed_source(store: &Store, id: usize, step: &MStep) -> bool {
+    let source = match step {
+        Step::Find(side)
+        | Step::Insert(side, _)
+        | Step::ReplaceLive(side, _)
+        | Step::ReplaceTombstone(side, _)
+        | Step::ReplaceCopy(side, _)
+        | Step::UpdateLive(side, _)
+        | Step::Delete(side)
+        | Step::DeleteLive(side)
+        | Step::DeleteTombstone(side) => *side == Side::Source,
+        Step::MirrorToSource => false,
+    };
+    store.fanout && source && store.listed(id).len() > 1
+}
+
+/// What a probe of the listed locations made of a router's step on the fanout source.
+enum Probed {
+    /// Send it to this listed location next.
+    At(usize),
+    /// Its answer, unsent.
+    Answered(Answer<u8>),
+}
+
+/// What the router's executor makes of a step on the fanout source once its probe of every
+/// listed location answered (the probes are reads, taken at one instant here):
+/// `listed_location` says where the step goes, or answers it unsent; a find is answered by
+/// the probe itself.
+fn probe_listed(store: &Store, id: usize, step: &MStep) -> Probed {
+    let listed = store.listed(id);
+    match listed_location(step, listed, &store.holds(id)[..listed.len()]) {
+        Listed::At(location) => {
+            let at = store.position(id, location);
+            match step {
+                Step::Find(_) => {
+                    Probed::Answered(Answer::Found(store.source_slots[id][at].found()))
+                }
+                _ => Probed::At(at),
+            }
+        }
+        Listed::Answered(answer) => Probed::Answered(answer),
     }
 }
 
@@ -461,26 +599,43 @@ fn mirror_read(store: &Store, id: usize) -> Slot {
 fn mirror_in_place(store: &Store, id: usize, image: Slot, ignored: bool) -> bool {
     image != Slot::Absent
         && !ignored
-        && !mirror_writes(
-            store.location(Side::Target, id),
-            std::slice::from_ref(store.location(Side::Source, id)),
-        )
+        && !mirror_writes(store.location(Side::Target, id), store.listed(id))
 }
 
-/// The mirror's second step: the conditional upsert into the source of the image. `rule` other
-/// than `MirrorRule::Product` is a broken variant.
-fn mirror_write(store: &mut Store, id: usize, image: Slot, rule: MirrorRule) -> Answer<u8> {
+/// Where a mirror of `id` writes among the locations the source lists for it, as the
+/// router's executor and the revert copier's `place_mirrors` decide once a probe of each
+/// answered (`mirror_location`): where the source document is, else the first listed. With
+/// one listed location, there, unprobed. `unlooked`: the broken `MirrorToFirstListed` and
+/// `RevertCopyToFirstListed`, which go to the first listed location whatever holds the id.
+fn mirror_at(store: &Store, id: usize, unlooked: bool) -> usize {
+    let listed = store.listed(id);
+    if unlooked || listed.len() == 1 {
+        return 0;
+    }
+    let holds = store.holds(id);
+    let location = mirror_location(listed, &holds[..listed.len()]).expect("a listed location");
+    store.position(id, location)
+}
+
+/// The mirror's second step: the conditional upsert of the image into the source document at
+/// its listed location `at`. `rule` other than `MirrorRule::Product` is a broken variant.
+fn mirror_write(
+    store: &mut Store,
+    id: usize,
+    at: usize,
+    image: Slot,
+    rule: MirrorRule,
+) -> Answer<u8> {
     let Some(rev) = image.rev() else {
         return Answer::Matched(false);
     };
+    let source = store.source_slots[id][at];
     let newer = match rule {
         // The product's filter: `_reshard.mig` differs (a source document no mirror of this
         // migration wrote is older than any target version) or its revision is lower.
-        MirrorRule::Product => {
-            !store.mirrored[id] || store.get(Side::Source, id).rev().is_none_or(|r| r < rev)
-        }
+        MirrorRule::Product => !store.mirrored[id][at] || source.rev().is_none_or(|r| r < rev),
         // Broken: revisions compared across the sides, as if one counter ran on both.
-        MirrorRule::RawRevision => store.get(Side::Source, id).rev().is_none_or(|r| r < rev),
+        MirrorRule::RawRevision => source.rev().is_none_or(|r| r < rev),
         // Broken: whatever the mirror read wins.
         MirrorRule::Overwrite => true,
     };
@@ -490,7 +645,7 @@ fn mirror_write(store: &mut Store, id: usize, image: Slot, rule: MirrorRule) -> 
         // disposition, the repair, reconciliation's content check look at the source's
         // fields and the target's writer), so the model keeps the flag to the target, where
         // it counts, and spares the states that differ only by it.
-        *store.slot(Side::Source, id) = match image {
+        store.source_slots[id][at] = match image {
             Slot::Live { v, rev, .. } => Slot::Live {
                 v,
                 rev,
@@ -498,7 +653,7 @@ fn mirror_write(store: &mut Store, id: usize, image: Slot, rule: MirrorRule) -> 
             },
             other => other,
         };
-        store.mirrored[id] = true;
+        store.mirrored[id][at] = true;
     }
     Answer::Matched(newer)
 }
@@ -594,8 +749,12 @@ fn close(configs: &mut Vec<Config>, pending: &[Option<&Op>; ROUTERS]) {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Pend {
     Step(MStep),
-    /// The mirror read the target; its conditional write to the source is next.
-    MirrorWrite(Slot),
+    /// A step on the fanout source whose probe placed it at this listed location: sending it
+    /// there is next.
+    At(MStep, usize),
+    /// The mirror read the target; its conditional write to the source is next, at this
+    /// listed location (`None`: not placed yet, the fanout source's probe is next).
+    MirrorWrite(Slot, Option<usize>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -652,15 +811,17 @@ impl W {
 /// does afterwards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Stmt {
-    /// A protocol step, numbered in `Model::steps`: the copier's insert-if-absent of a copy,
-    /// cleanup's delete.
-    Step(u32),
+    /// A protocol step, numbered in `Model::steps`, and the source's listed location it goes
+    /// to (0 on the target side): the copier's insert-if-absent of a copy, cleanup's delete
+    /// of the source document where its scan read it.
+    Step(u32, usize),
     /// Broken: the copier's copy sent as an overwrite (a replace with upsert) of whatever the
     /// target holds, instead of an insert-if-absent.
     Overwrite(u8),
     /// The second half of the revert copier's `MirrorToSource`: the conditional write to the
-    /// source of the target image its first half (the batch's read) saw, by `MirrorRule`.
-    Mirror(Slot, MirrorRule),
+    /// source of the target image its first half (the batch's read) saw, by `MirrorRule`, at
+    /// the listed location its lookup placed it (`mirror_at`).
+    Mirror(Slot, MirrorRule, usize),
 }
 
 /// Where a worker's execution of its partition stands. The partition covers the workload's
@@ -941,6 +1102,22 @@ enum Broken {
     /// than the source's (`revert_action` did not ask before), and carries the image its scan
     /// read over the shared document, where a router's write may have landed since.
     RevertCopyIntoSharedDocument,
+    /// With a fanout source, a router's mirror goes to the first listed location whatever
+    /// holds the id (the product's rule before `mirror_location`): its upsert puts a second
+    /// document of the id beside the source document on another listed location.
+    MirrorToFirstListed,
+    /// The same bug in the revert copier: its batch's mirrors go to the first listed location
+    /// without its lookup (`place_mirrors`).
+    RevertCopyToFirstListed,
+    /// With a fanout source, a router's insert goes to the first listed location without
+    /// looking at the others (the product's rule before `listed_location`): an id whose
+    /// document sits on another listed location is inserted again beside it.
+    InsertWithoutLooking,
+    /// With a fanout source, a router's other writes to the source (a replace, an update, a
+    /// delete) go to the first listed location without looking where the document is (the
+    /// product's rule before `listed_location` for every write no find preceded): they match
+    /// nothing there, and the application is told that no document was changed.
+    SourceWriteToFirstListed,
 }
 
 #[derive(Clone, Debug)]
@@ -959,6 +1136,11 @@ struct Workload {
     /// neither the repair nor the removal of the target layout after a rollback touches it,
     /// and no mirror writes it (`mirror_writes`).
     shared: [bool; IDS],
+    /// The fanout world: the source version is a `fanout` layout listing two locations for
+    /// every id (`FANOUT`), and id k's document starts on the listed location `at[k]`. Every
+    /// router's step on the source then probes the listed locations and goes where
+    /// `listed_location` says, and every mirror where `mirror_location` says.
+    fanout: Option<[usize; IDS]>,
 }
 
 #[derive(Clone, Debug)]
@@ -1065,7 +1247,7 @@ struct Model<'a> {
     cfg: &'a Setup,
     /// What a probe read returns, by phase and the id's slots: the operation machine's answer
     /// depends on nothing else, and probing every new state is the exploration's main work.
-    reads: RefCell<HashMap<u64, Checked<Option<u8>>, BuildHasherDefault<Mix>>>,
+    reads: RefCell<HashMap<u128, Checked<Option<u8>>, BuildHasherDefault<Mix>>>,
     /// The sets of linearization configurations, the routers' operations in flight and the
     /// workers' statements met so far, numbered (see `Table`).
     lins: Table<Vec<Config>>,
@@ -1153,6 +1335,11 @@ impl<'a> Model<'a> {
             (1..=cfg.workload.ids).contains(&usize::from(cfg.batches)),
             "between one batch and one per id"
         );
+        assert!(
+            cfg.workload.fanout.is_none()
+                || (cfg.workload.shared == [false; IDS] && cfg.workload.unroutable.is_none()),
+            "the fanout world has no shared id and no unroutable document"
+        );
         Model {
             cfg,
             reads: RefCell::default(),
@@ -1222,39 +1409,40 @@ impl<'a> Model<'a> {
     /// A statement, for a trace.
     fn show(&self, stmt: &Stmt) -> String {
         match stmt {
-            Stmt::Step(n) => format!("{:?}", self.steps.get(*n)),
+            Stmt::Step(n, at) if *at > 0 => format!("{:?} at {}", self.steps.get(*n), FANOUT[*at]),
+            Stmt::Step(n, _) => format!("{:?}", self.steps.get(*n)),
             other => format!("{other:?}"),
         }
     }
 
     /// A probe read (see [`read`]), remembered.
     fn read(&self, store: &Store, id: usize, phase: Phase) -> Checked<Option<u8>> {
-        let key = phase as u64
-            | u64::from(store.mirrored[id]) << 4
-            | store.source_slots[id].bits() << 5
-            | store.target_slots[id].bits() << 24
-            | u64::from(store.shared[id]) << 43;
+        let [first, second] = store.source_slots[id];
+        let [first_mirrored, second_mirrored] = store.mirrored[id];
+        let key = phase as u128
+            | u128::from(first_mirrored) << 4
+            | u128::from(second_mirrored) << 5
+            | u128::from(first.bits()) << 6
+            | u128::from(second.bits()) << 25
+            | u128::from(store.target_slots[id].bits()) << 44
+            | u128::from(store.shared[id]) << 63
+            | u128::from(store.fanout) << 64;
         if let Some(value) = self.reads.borrow().get(&key) {
             return value.clone();
         }
-        let value = read(
-            store,
-            id,
-            phase,
-            self.broken(Broken::RevertSwitchReadsSourceOnly),
-            self.broken(Broken::MirrorIntoSharedDocument),
-        );
+        let value = read(store, id, phase, self.cfg.broken);
         self.reads.borrow_mut().insert(key, value.clone());
         value
     }
 
     fn initial(&self) -> State {
         let w = &self.cfg.workload;
-        let mut source = [Slot::Absent; IDS];
+        let mut source = [[Slot::Absent; LISTED]; IDS];
         let mut lin = [0; IDS];
         for id in 0..IDS {
             if let Some(v) = w.initial[id] {
-                source[id] = Slot::Live {
+                let at = w.fanout.map_or(0, |at| at[id]);
+                source[id][at] = Slot::Live {
                     v,
                     rev: 0,
                     copy: false,
@@ -1293,8 +1481,9 @@ impl<'a> Model<'a> {
             store: Store {
                 source_slots: source,
                 target_slots: [Slot::Absent; IDS],
-                mirrored: [false; IDS],
+                mirrored: [[false; LISTED]; IDS],
                 shared: w.shared,
+                fanout: w.fanout.is_some(),
             },
             lin,
         }
@@ -1739,6 +1928,18 @@ impl<'a> Model<'a> {
                      a tombstone"
                 ));
             }
+            // The locations a fanout source lists behave as one collection: one document per
+            // id, live or tombstone. A second one is a second version of the id, which a read
+            // sees or not depending on the order of the listed locations, and which a purge
+            // of the first one's tombstone brings back.
+            if s.store.fanout && s.store.holds(id).iter().filter(|&&held| held).count() > 1 {
+                let [first, second] = s.store.source_slots[id];
+                return Err(format!(
+                    "id {id} has two documents at the locations its fanout source lists, \
+                     {first:?} on {} and {second:?} on {}: two versions of it",
+                    FANOUT[0], FANOUT[1]
+                ));
+            }
         }
         Ok(())
     }
@@ -1765,7 +1966,7 @@ impl<'a> Model<'a> {
         for id in (0..IDS).filter(|&id| !shared[id]) {
             *s.store.slot(Side::Target, id) = Slot::Absent;
         }
-        s.store.mirrored = [false; IDS];
+        s.store.mirrored = [[false; LISTED]; IDS];
         let copier = s.worker(W::Copier);
         if copier.stage != Stage::Done || copier.orphaned() {
             copier.orphans = Default::default();
@@ -1862,6 +2063,12 @@ impl<'a> Model<'a> {
     ) -> Checked<()> {
         let Run { mut machine, pend } = run;
         let phase = s.routers[r].acked;
+        let wait = |s: &mut State, pend: Pend| {
+            s.routers[r].run = Some(self.runs.number(Run {
+                machine: machine.clone(),
+                pend,
+            }));
+        };
         let answer = match pend {
             Pend::Step(Step::MirrorToSource)
                 if phase == Phase::RevertSwitch
@@ -1870,9 +2077,26 @@ impl<'a> Model<'a> {
                 say!(log, "skips the mirror (broken); ");
                 Answer::Matched(false)
             }
-            Pend::MirrorWrite(image) => {
-                let a = mirror_write(&mut s.store, id, image, self.mirror_rule());
-                say!(log, "mirror writes {image:?} to the source -> {a:?}; ");
+            Pend::MirrorWrite(image, None) => {
+                let at = mirror_at(&s.store, id, false);
+                say!(
+                    log,
+                    "mirror's probe of the listed locations places it on {}",
+                    s.store.listed(id)[at]
+                );
+                if at > 0 {
+                    self.note(Event::RouterMirroredToALaterListedLocation);
+                }
+                wait(s, Pend::MirrorWrite(image, Some(at)));
+                return Ok(());
+            }
+            Pend::MirrorWrite(image, Some(at)) => {
+                let a = mirror_write(&mut s.store, id, at, image, self.mirror_rule());
+                let on = &s.store.listed(id)[at];
+                say!(
+                    log,
+                    "mirror writes {image:?} to the source on {on} -> {a:?}; "
+                );
                 a
             }
             Pend::Step(Step::MirrorToSource) => {
@@ -1884,15 +2108,71 @@ impl<'a> Model<'a> {
                     self.note(Event::MirroredInPlace);
                     Answer::Matched(true)
                 } else {
-                    s.routers[r].run = Some(self.runs.number(Run {
-                        machine,
-                        pend: Pend::MirrorWrite(image),
-                    }));
+                    // A fanout source's listed locations are probed next, a command of its
+                    // own, unless there is nothing to write (the image is absent) or the
+                    // broken `MirrorToFirstListed` sends it to the first one unlooked.
+                    let unlooked = self.broken(Broken::MirrorToFirstListed);
+                    let placed = (image == Slot::Absent || s.store.listed(id).len() == 1)
+                        .then_some(0)
+                        .or(unlooked.then_some(0));
+                    if unlooked && s.store.fanout {
+                        say!(log, ", sent to {} unlooked (broken)", FANOUT[0]);
+                    }
+                    wait(s, Pend::MirrorWrite(image, placed));
                     return Ok(());
                 }
             }
+            Pend::Step(step) if on_listed_source(&s.store, id, &step) => {
+                let unlooked = match step {
+                    Step::Find(_) => false,
+                    Step::Insert(..) => self.broken(Broken::InsertWithoutLooking),
+                    _ => self.broken(Broken::SourceWriteToFirstListed),
+                };
+                if unlooked {
+                    let (a, how) = self.router_execute(&mut s.store, id, 0, &step, phase);
+                    say!(
+                        log,
+                        "{step:?} on {} unlooked (broken){how} -> {a:?}; ",
+                        FANOUT[0]
+                    );
+                    a
+                } else {
+                    match probe_listed(&s.store, id, &step) {
+                        Probed::Answered(a) => {
+                            say!(
+                                log,
+                                "{step:?}: the probe of the listed locations answers {a:?}; "
+                            );
+                            if matches!(step, Step::Insert(..)) && a == Answer::DuplicateKey {
+                                self.note(Event::InsertRefusedByTheProbe);
+                            }
+                            a
+                        }
+                        Probed::At(at) => {
+                            say!(
+                                log,
+                                "{step:?}: the probe of the listed locations places it on {}",
+                                FANOUT[at]
+                            );
+                            wait(s, Pend::At(step, at));
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            Pend::At(step, at) => {
+                let (a, how) = self.router_execute(&mut s.store, id, at, &step, phase);
+                say!(log, "{step:?} on {}{how} -> {a:?}; ", FANOUT[at]);
+                if at > 0
+                    && matches!(step, Step::ReplaceTombstone(..))
+                    && a == Answer::Matched(true)
+                {
+                    self.note(Event::TombstoneReplacedWhereItIs);
+                }
+                a
+            }
             Pend::Step(step) => {
-                let (a, how) = self.router_execute(&mut s.store, id, &step, phase);
+                let (a, how) = self.router_execute(&mut s.store, id, 0, &step, phase);
                 say!(log, "{step:?}{how} -> {a:?}; ");
                 a
             }
@@ -1901,22 +2181,23 @@ impl<'a> Model<'a> {
         self.advance(s, r, id, machine, next, log)
     }
 
-    /// The router's executor, with the broken delete when asked for. A router applying
-    /// `rolled_back` stamps the source document it writes as this migration's (`_reshard.mig`,
-    /// its revision counted on from the previous one), so that a late mirror compares
-    /// revisions with it.
+    /// The router's executor, on the source at its listed location `at`, with the broken
+    /// delete when asked for. A router applying `rolled_back` stamps the source document it
+    /// writes as this migration's (`_reshard.mig`, its revision counted on from the previous
+    /// one), so that a late mirror compares revisions with it.
     fn router_execute(
         &self,
         store: &mut Store,
         id: usize,
+        at: usize,
         step: &MStep,
         phase: Phase,
     ) -> (Answer<u8>, &'static str) {
         if phase == Phase::RolledBack && !self.broken(Broken::RolledBackWritesUnstamped) {
-            let before = store.get(Side::Source, id);
-            let a = execute(store, id, step);
-            if store.get(Side::Source, id) != before {
-                store.mirrored[id] = true;
+            let before = store.source_slots[id][at];
+            let a = execute_at(store, id, at, step);
+            if store.source_slots[id][at] != before {
+                store.mirrored[id][at] = true;
             }
             return (a, "");
         }
@@ -1932,7 +2213,7 @@ impl<'a> Model<'a> {
                 _ => {}
             }
         }
-        (execute(store, id, step), "")
+        (execute_at(store, id, at, step), "")
     }
 
     /// Records the machine's next move: a pending step, or the operation's response.
@@ -2025,7 +2306,14 @@ impl<'a> Model<'a> {
     /// document as the source layout left it; a moving id's target never holds one) carries
     /// no writer, which `disposition::of` reads as a document of the other layout.
     fn target_disposition(store: &Store, id: usize, image: Slot) -> Option<Disposition> {
-        let source = store.location(Side::Source, id);
+        // As in `disposition::of`: the source location is the scanned one when the source
+        // version lists it (a shared id), else the first it lists.
+        let (scanned, listed) = (store.location(Side::Target, id), store.listed(id));
+        let source = if listed.contains(scanned) {
+            scanned
+        } else {
+            &listed[0]
+        };
         match image {
             Slot::Absent => None,
             Slot::Live {
@@ -2215,12 +2503,19 @@ impl<'a> Model<'a> {
             || self.broken(Broken::RevertReexecutionOverwrites)
     }
 
-    fn copier_read(&self, s: &mut State, id: usize, log: &mut Log) -> Checked<()> {
-        let step: MStep = Step::Find(Side::Source);
-        let Answer::Found(found) = execute(&mut s.store, id, &step) else {
-            unreachable!("a find answers found")
-        };
+    /// A worker's read of the source document of `id`: the product scans every location the
+    /// source version lists, and the one holding the id yields it (at most one does).
+    fn scan_source(&self, s: &State, id: usize, log: &mut Log) -> Found<u8> {
+        let found = s.store.get(Side::Source, id).found();
         say!(log, "reads source id {id}: {found:?}");
+        if s.store.fanout {
+            say!(log, " on {}", s.store.location(Side::Source, id));
+        }
+        found
+    }
+
+    fn copier_read(&self, s: &mut State, id: usize, log: &mut Log) -> Checked<()> {
+        let found = self.scan_source(s, id, log);
         let Some((disposition, doc)) = self.source_disposition(&s.store, id, &found) else {
             return Ok(());
         };
@@ -2233,7 +2528,7 @@ impl<'a> Model<'a> {
                 let stmt = if overwrite {
                     Stmt::Overwrite(doc)
                 } else {
-                    Stmt::Step(self.steps.number(step))
+                    Stmt::Step(self.steps.number(step), 0)
                 };
                 say!(log, " -> {}", self.show(&stmt));
                 b.stmts[id] = Some(stmt);
@@ -2253,11 +2548,7 @@ impl<'a> Model<'a> {
     }
 
     fn cleaner_read(&self, s: &mut State, id: usize, log: &mut Log) {
-        let step: MStep = Step::Find(Side::Source);
-        let Answer::Found(found) = execute(&mut s.store, id, &step) else {
-            unreachable!("a find answers found")
-        };
-        say!(log, "reads source id {id}: {found:?}");
+        let found = self.scan_source(s, id, log);
         let Some((disposition, _)) = self.source_disposition(&s.store, id, &found) else {
             return;
         };
@@ -2266,7 +2557,12 @@ impl<'a> Model<'a> {
         // delete would remove it, which `apply` reports).
         let action = cleanup_action(&disposition, self.unroutable(id));
         say!(log, " -> {action:?}");
-        let delete = Some(Stmt::Step(self.steps.number(cleanup_delete_step())));
+        // The delete goes where the scan read the document.
+        let scanned = s.store.found_at(id);
+        let delete = Some(Stmt::Step(
+            self.steps.number(cleanup_delete_step()),
+            scanned,
+        ));
         let b = s.worker(W::Cleaner);
         match action {
             CleanupAction::LookUp if self.broken(Broken::CleanupWithoutPresenceCheck) => {
@@ -2302,11 +2598,15 @@ impl<'a> Model<'a> {
             "{}: looks up target id {id}: {found:?} -> {decision:?}",
             w.name()
         );
+        // The delete goes where the scan read the document: nothing but cleanup writes the
+        // source in `cleanup`, so a look finds it there still.
+        let scanned = s.store.found_at(id);
         let b = s.worker(w);
         b.lookups[id] = false;
         match decision {
             CleanupDecision::DeleteSource => {
-                b.stmts[id] = Some(Stmt::Step(self.steps.number(cleanup_delete_step())));
+                let delete = self.steps.number(cleanup_delete_step());
+                b.stmts[id] = Some(Stmt::Step(delete, scanned));
             }
             CleanupDecision::Missing => b.ending = Ending::Fail,
         }
@@ -2329,6 +2629,11 @@ impl<'a> Model<'a> {
             s.store.location(Side::Target, id)
         };
         let shared = s.store.shared[id];
+        // The batch's mirrors are placed by a lookup of the listed locations before it is
+        // sent (`place_mirrors`), taken here with the read.
+        let at = mirror_at(&s.store, id, self.broken(Broken::RevertCopyToFirstListed));
+        let placed = &s.store.listed(id)[at];
+        let fanout = s.store.fanout;
         let b = s.worker(W::Reverter);
         match revert_action::<u8, Add>(&disposition, scanned) {
             RevertAction::Write(step) => {
@@ -2338,7 +2643,13 @@ impl<'a> Model<'a> {
                 } else {
                     self.mirror_rule()
                 };
-                let stmt = Stmt::Mirror(image, rule);
+                if at > 0 {
+                    self.note(Event::RevertCopiedToALaterListedLocation);
+                }
+                if fanout {
+                    say!(log, " -> placed on {placed}");
+                }
+                let stmt = Stmt::Mirror(image, rule, at);
                 say!(log, " -> {}", self.show(&stmt));
                 b.stmts[id] = Some(stmt);
             }
@@ -2390,9 +2701,9 @@ impl<'a> Model<'a> {
     /// Applies a statement to the store, as sent.
     fn land_stmt(&self, s: &mut State, w: W, id: usize, stmt: &Stmt, log: &mut Log) -> Checked<()> {
         match stmt {
-            Stmt::Step(step) => {
+            Stmt::Step(step, at) => {
                 let step = self.steps.get(*step);
-                let a = execute(&mut s.store, id, &step);
+                let a = execute_at(&mut s.store, id, *at, &step);
                 if w == W::Copier {
                     let result = copy_result(&a).ok_or("the copy got a foreign answer")?;
                     say!(log, "{step:?} on id {id} -> {result:?}");
@@ -2406,14 +2717,18 @@ impl<'a> Model<'a> {
                 *slot = written(*slot, &Payload::Copy(*v), source_rev);
                 say!(log, "overwrites target id {id} with a copy of {v} (broken)");
             }
-            Stmt::Mirror(image, rule) => {
-                let a = mirror_write(&mut s.store, id, *image, *rule);
+            Stmt::Mirror(image, rule, at) => {
+                let a = mirror_write(&mut s.store, id, *at, *image, *rule);
                 let broken = if *rule == MirrorRule::Product {
                     ""
                 } else {
                     " (broken)"
                 };
-                say!(log, "writes {image:?} to source id {id}{broken} -> {a:?}");
+                let on = s.store.listed(id)[*at].clone();
+                say!(
+                    log,
+                    "writes {image:?} to source id {id} on {on}{broken} -> {a:?}"
+                );
             }
         }
         Ok(())
@@ -2472,8 +2787,15 @@ impl<'a> Model<'a> {
         let id = *pos as usize;
         *pos += 1;
         let step: MStep = purge_tombstone_step(side);
-        let a = execute(&mut s.store, id, &step);
-        say!(log, "{who}: {step:?} on id {id} -> {a:?}");
+        // The source's purge runs at every location the source version lists.
+        let listed = match side {
+            Side::Source => s.store.listed(id).len(),
+            Side::Target => 1,
+        };
+        for at in 0..listed {
+            let a = execute_at(&mut s.store, id, at, &step);
+            say!(log, "{who}: {step:?} on id {id} -> {a:?}; ");
+        }
     }
 
     /// The repairer: for each id reconciliation finds missing from the target or held there as
@@ -2515,14 +2837,10 @@ impl<'a> Model<'a> {
                 }
             }
             RepairAt::Found => {
-                let step: MStep = Step::Find(Side::Source);
-                let a = execute(&mut s.store, id, &step);
-                say!(log, "repairer: reads source id {id}: {a:?}");
+                say!(log, "repairer: ");
+                let found = self.scan_source(s, id, log);
                 // As `reconcile::repair_from_source`: only a document that moves is copied
                 // again; one that stays would get its routing field.
-                let Answer::Found(found) = a else {
-                    unreachable!("a find answers found")
-                };
                 match self.source_disposition(&s.store, id, &found) {
                     Some((Disposition::Moves { .. }, v)) => s.repair_at = RepairAt::Read(v),
                     _ => next_id(s),
@@ -2670,42 +2988,45 @@ impl<'a> Model<'a> {
 
 /// A `get` run to completion at one instant, along `phase`'s read path, on a scratch copy of
 /// the store: the probe observes, its mirror (while rolling back, and in the revert switch)
-/// changes nothing that counts. Its mirror is the router's executor's, done without a write
-/// where `mirror_writes` says so. `source_only`: the broken `revert_switch` read, whose mirror
-/// the executor skips; `in_place_ignored`: the broken `MirrorIntoSharedDocument`.
-fn read(
-    store: &Store,
-    id: usize,
-    phase: Phase,
-    source_only: bool,
-    in_place_ignored: bool,
-) -> Checked<Option<u8>> {
+/// changes nothing that counts. Its steps run as the router's executor runs them: a find on
+/// the fanout source where `listed_location` reads, the mirror without a write where
+/// `mirror_writes` says so, else where `mirror_at` places it. `broken`: the broken
+/// `revert_switch` read (`RevertSwitchReadsSourceOnly`), whose mirror the executor skips,
+/// and the broken mirrors (`MirrorIntoSharedDocument`, `MirrorToFirstListed`).
+fn read(store: &Store, id: usize, phase: Phase, broken: Option<Broken>) -> Checked<Option<u8>> {
     let mut store = *store;
     let mut machine = Machine::new(phase, Operation::Get);
     let mut next = machine.next(None).map_err(|e| e.to_string())?;
     loop {
-        match next {
-            Next::Do(Step::MirrorToSource) if source_only && phase == Phase::RevertSwitch => {
-                next = machine
-                    .next(Some(Answer::Matched(false)))
-                    .map_err(|e| e.to_string())?;
+        let answer = match next {
+            Next::Do(Step::MirrorToSource)
+                if broken == Some(Broken::RevertSwitchReadsSourceOnly)
+                    && phase == Phase::RevertSwitch =>
+            {
+                Answer::Matched(false)
             }
             Next::Do(Step::MirrorToSource) => {
                 let image = mirror_read(&store, id);
-                let answer = if mirror_in_place(&store, id, image, in_place_ignored) {
+                let ignored = broken == Some(Broken::MirrorIntoSharedDocument);
+                if mirror_in_place(&store, id, image, ignored) {
                     Answer::Matched(true)
                 } else {
-                    mirror_write(&mut store, id, image, MirrorRule::Product)
-                };
-                next = machine.next(Some(answer)).map_err(|e| e.to_string())?;
+                    let unlooked = broken == Some(Broken::MirrorToFirstListed);
+                    let at = mirror_at(&store, id, unlooked);
+                    mirror_write(&mut store, id, at, image, MirrorRule::Product)
+                }
             }
-            Next::Do(step) => {
-                let answer = execute(&mut store, id, &step);
-                next = machine.next(Some(answer)).map_err(|e| e.to_string())?;
+            Next::Do(step) if on_listed_source(&store, id, &step) => {
+                match probe_listed(&store, id, &step) {
+                    Probed::Answered(answer) => answer,
+                    Probed::At(at) => execute_at(&mut store, id, at, &step),
+                }
             }
+            Next::Do(step) => execute(&mut store, id, &step),
             Next::Done(Outcome::Read(v)) => return Ok(v),
             Next::Done(other) => return Err(format!("a get answered {other:?}")),
-        }
+        };
+        next = machine.next(Some(answer)).map_err(|e| e.to_string())?;
     }
 }
 
@@ -2754,6 +3075,16 @@ enum Event {
     MirroredInPlace,
     /// The revert copier found a shared id's document in place (`revert_action`).
     RevertedInPlace,
+    /// A router's mirror, or the revert copier's, went to a fanout source's second listed
+    /// location, where the source document was (`mirror_location`).
+    RouterMirroredToALaterListedLocation,
+    RevertCopiedToALaterListedLocation,
+    /// A router's insert into a fanout source was a duplicate key by its probe of the listed
+    /// locations (`listed_location`).
+    InsertRefusedByTheProbe,
+    /// A router re-created an id over its source tombstone on a fanout source's second listed
+    /// location.
+    TombstoneReplacedWhereItIs,
 }
 
 /// 64 bits: the chance that two of n states share a fingerprint (and one goes unexplored) is
@@ -2785,14 +3116,16 @@ fn fingerprint(s: &State) -> u64 {
         store,
         lin,
     } = s;
-    // The shared ids are the workload's, the same in every state of an exploration.
+    // The shared ids and the fanout world are the workload's, the same in every state of an
+    // exploration: only the words the fanout world uses are mixed in.
     let Store {
         source_slots,
         target_slots,
         mirrored,
         shared: _,
+        fanout,
     } = store;
-    let mut words = [0_u64; 19];
+    let mut words = [0_u64; 20];
     let repair = match *repair_at {
         RepairAt::Idle => 0,
         RepairAt::Found => 1,
@@ -2810,8 +3143,10 @@ fn fingerprint(s: &State) -> u64 {
         | u64::from(*transients_left) << 48
         | u64::from(*kills_left) << 56;
     for id in 0..IDS {
-        words[1] |= source_slots[id].bits() << (19 * id) | u64::from(mirrored[id]) << (57 + id);
+        let ([first, second], [first_mirrored, second_mirrored]) = (source_slots[id], mirrored[id]);
+        words[1] |= first.bits() << (19 * id) | u64::from(first_mirrored) << (57 + id);
         words[2] |= target_slots[id].bits() << (19 * id);
+        words[19] |= second.bits() << (19 * id) | u64::from(second_mirrored) << (57 + id);
     }
     words[3] = u64::from(lin[0]) | u64::from(lin[1]) << 32;
     words[4] = u64::from(lin[2])
@@ -2835,12 +3170,19 @@ fn fingerprint(s: &State) -> u64 {
             | u64::from(acked_sealed) << 44
             | u64::from(registered) << 45;
     }
+    // 32 bits each: a step's number is below 2^29 (few steps are ever numbered), a listed
+    // location below 2.
     let stmt = |stmt: Option<Stmt>| -> u64 {
         match stmt {
             None => 0,
-            Some(Stmt::Step(n)) => 1 | u64::from(n) << 2,
+            Some(Stmt::Step(n, at)) => {
+                debug_assert!(n < 1 << 29);
+                1 | (at as u64) << 2 | u64::from(n) << 3
+            }
             Some(Stmt::Overwrite(v)) => 2 | u64::from(v) << 2,
-            Some(Stmt::Mirror(slot, rule)) => 3 | (rule as u64) << 2 | slot.bits() << 4,
+            Some(Stmt::Mirror(slot, rule, at)) => {
+                3 | (rule as u64) << 2 | (at as u64) << 4 | slot.bits() << 5
+            }
         }
     };
     for (w, partition) in workers.iter().enumerate() {
@@ -2886,10 +3228,11 @@ fn fingerprint(s: &State) -> u64 {
             | u64::from(window) << 32;
         for id in 0..IDS {
             words[at] |= u64::from(lookups[id]) << (20 + id);
-            // A step's number is below 2^30 (`Table::number`): 32 bits each.
             words[at + 1 + id] = stmt(stmts[id]) | stmt(orphans[id]) << 32;
         }
     }
+    // The fanout world's second listed location is the last word: outside it, always 0.
+    let words = if *fanout { &words[..] } else { &words[..19] };
     words.iter().fold(0x2545_f491_4f6c_dd1d, |h, &w| {
         let mut k = h ^ w;
         k ^= k >> 33;
@@ -2939,6 +3282,10 @@ struct Mix(u64);
 impl Hasher for Mix {
     fn write(&mut self, _: &[u8]) {
         unreachable!("only numbers are hashed")
+    }
+
+    fn write_u128(&mut self, i: u128) {
+        self.write_u64(i as u64 ^ ((i >> 64) as u64).rotate_left(29));
     }
 
     fn write_u64(&mut self, i: u64) {
@@ -3123,14 +3470,29 @@ fn trace(model: &Model<'_>, acts: &[Act]) -> String {
         let mut log = Log::on();
         let result = model.apply(&mut s, *act, &mut log);
         let side = |side: Side| -> Vec<Slot> { (0..ids).map(|id| s.store.get(side, id)).collect() };
+        let at = |at: usize| -> (Vec<Slot>, Vec<bool>) {
+            (0..ids)
+                .map(|id| (s.store.source_slots[id][at], s.store.mirrored[id][at]))
+                .unzip()
+        };
+        // The fanout source: a line per listed location.
+        let source = if s.store.fanout {
+            let ((first, first_mirrored), (second, second_mirrored)) = (at(0), at(1));
+            format!(
+                "source {} {first:?} mirrored {first_mirrored:?}\n       \
+                 source {} {second:?} mirrored {second_mirrored:?}",
+                FANOUT[0], FANOUT[1]
+            )
+        } else {
+            let (first, mirrored) = at(0);
+            format!("source {first:?} mirrored {mirrored:?}")
+        };
         let _ = writeln!(
             out,
-            "  {:>3}. [{}] {}\n       source {:?} mirrored {:?}\n       target {:?}",
+            "  {:>3}. [{}] {}\n       {source}\n       target {:?}",
             i + 1,
             s.phase,
             log.text,
-            side(Side::Source),
-            &s.store.mirrored[..ids],
             side(Side::Target),
         );
         if let Err(why) = result {
@@ -3169,6 +3531,7 @@ fn updates_and_deletes() -> Workload {
         ],
         unroutable: None,
         shared: [false; IDS],
+        fanout: None,
     }
 }
 
@@ -3193,6 +3556,7 @@ fn deletes_and_recreations() -> Workload {
         ],
         unroutable: None,
         shared: [false; IDS],
+        fanout: None,
     }
 }
 
@@ -3218,6 +3582,7 @@ fn a_created_id() -> Workload {
         ],
         unroutable: None,
         shared: [false; IDS],
+        fanout: None,
     }
 }
 
@@ -3252,6 +3617,45 @@ fn with_shared(mut workload: Workload, id: usize) -> Workload {
     workload.shared[id] = true;
     workload.name = format!("{}+shared {id}", workload.name);
     workload
+}
+
+/// `workload` in the fanout world: the source version lists s1 and s3 for every id, and id
+/// k's document starts on the listed location `at[k]`.
+fn on_fanout(mut workload: Workload, at: [usize; IDS]) -> Workload {
+    assert!(workload.unroutable.is_none() && workload.shared == [false; IDS]);
+    workload.fanout = Some(at);
+    workload.name = format!("{}+fanout {:?}", workload.name, &at[..workload.ids]);
+    workload
+}
+
+/// `updates_and_deletes_short` in the fanout world, id 0 on the second listed location and
+/// id 1 on the first: id 0 is updated by both routers at once (copied on write before the
+/// switch or not, mirrored where it is while rolling back, carried back there by the revert
+/// copier), id 1 deleted by one and upserted by the other.
+fn fanout_updates() -> Workload {
+    on_fanout(updates_and_deletes_short(), [1, 0, 0])
+}
+
+/// One id, on the second listed location of the fanout world: one router inserts it (a
+/// duplicate while it exists, in every phase), then deletes it; the other deletes it, then
+/// re-creates it (after a rollback, over its source tombstone where it is). The two inserts
+/// and the two deletes race.
+fn fanout_inserts() -> Workload {
+    on_fanout(
+        Workload {
+            name: "inserts".to_owned(),
+            initial: [Some(1), None, None],
+            ids: 1,
+            ops: [
+                vec![(0, Operation::Insert(5)), (0, Operation::Delete)],
+                vec![(0, Operation::Delete), (0, Operation::Insert(7))],
+            ],
+            unroutable: None,
+            shared: [false; IDS],
+            fanout: None,
+        },
+        [1, 0, 0],
+    )
 }
 
 /// Writes straight to the process's stderr, past the test harness's capture, so that the
@@ -3697,6 +4101,107 @@ fn a_revert_copy_into_a_shared_document_is_caught() {
             ..Setup::new(a_shared_id(1))
         },
         "allows",
+    );
+}
+
+/// A fanout source (a layout reshard did not make: it lists s1 and s3 for every id, and the
+/// id's document sits on one of them): every router step on the source probes the listed
+/// locations and goes where `listed_location` says (a write where the document is, an
+/// insert only where none is, a duplicate key otherwise), every mirror, a router's or the
+/// revert copier's, where `mirror_location` says, and the source holds one document per id
+/// throughout (`Model::apply` checks it after every step).
+#[test]
+fn a_fanout_source_keeps_one_document_per_id() {
+    let updates = assert_protocol_holds(Setup::new(fanout_updates()));
+    for event in [
+        Event::RouterMirroredToALaterListedLocation,
+        Event::RevertCopiedToALaterListedLocation,
+    ] {
+        assert!(updates.events.contains(&event), "{:?}", updates.events);
+    }
+    let inserts = assert_protocol_holds(Setup::new(fanout_inserts()));
+    for event in [
+        Event::InsertRefusedByTheProbe,
+        Event::TombstoneReplacedWhereItIs,
+    ] {
+        assert!(inserts.events.contains(&event), "{:?}", inserts.events);
+    }
+    // A router cut off between its write and its mirror: the revert copy runs again.
+    for workload in [fanout_updates(), fanout_inserts()] {
+        assert_protocol_holds(Setup {
+            expiries: 1,
+            ..Setup::new(workload)
+        });
+    }
+    if heavy() {
+        // A batch executed again; a revert copier killed with its mirrors in flight, placed
+        // before it died; the full workloads, with both ids on the second listed location.
+        assert_protocol_holds(Setup {
+            batches: 2,
+            transients: 1,
+            ..Setup::new(fanout_updates())
+        });
+        assert_protocol_holds(Setup {
+            kills: 1,
+            ..Setup::new(fanout_updates())
+        });
+        assert_protocol_holds(Setup::new(on_fanout(updates_and_deletes(), [1, 1, 0])));
+        assert_protocol_holds(Setup::new(on_fanout(deletes_and_recreations(), [1, 1, 0])));
+    }
+}
+
+/// A router's mirror sent to the first listed location of a fanout source (the product's
+/// rule before `mirror_location`): an update or a delete of a document on the second listed
+/// location, mirrored while rolling back, is upserted beside it.
+#[test]
+fn a_router_mirror_to_the_first_listed_location_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::MirrorToFirstListed),
+            ..Setup::new(fanout_updates())
+        },
+        "two versions of it",
+    );
+}
+
+/// The same in the revert copier: its mirror of a write made before the rollback goes to the
+/// first listed location, beside the source document on the second.
+#[test]
+fn a_revert_copy_to_the_first_listed_location_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::RevertCopyToFirstListed),
+            ..Setup::new(fanout_updates())
+        },
+        "two versions of it",
+    );
+}
+
+/// An insert into a fanout source sent to the first listed location without looking at the
+/// others (the router's rule before `listed_location`): the id, on the second listed
+/// location, is inserted again, and the application is told so.
+#[test]
+fn an_insert_into_a_fanout_source_without_looking_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::InsertWithoutLooking),
+            ..Setup::new(fanout_inserts())
+        },
+        "answered Inserted, which no linearization of the history allows",
+    );
+}
+
+/// A write to a fanout source's document sent to the first listed location without looking
+/// where the document is (the router's rule before `listed_location` for every write no find
+/// preceded): an update of a document on the second listed location matches nothing.
+#[test]
+fn a_source_write_to_the_first_listed_location_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::SourceWriteToFirstListed),
+            ..Setup::new(fanout_updates())
+        },
+        "answered Changed(false), which no linearization of the history allows",
     );
 }
 

@@ -742,6 +742,11 @@ placement:
     shard: s4
 ";
 
+/// The document with `id` in `coll`, if any.
+async fn at(coll: &mongodb::Collection<Document>, id: &str) -> Option<Document> {
+    coll.find_one(doc! { "_id": id }).await.unwrap()
+}
+
 /// With a fanout source, a rollback's mirrors replace each source document where it is: on
 /// the second listed shard here. A mirror sent to the first listed shard instead leaves the
 /// source document as it was beside a new one, so a delete mirrored that way leaves the order
@@ -771,11 +776,6 @@ async fn with_a_fanout_source_mirrors_replace_the_source_document_where_it_is() 
             .unwrap());
     }
     w.advance(&[&router], &[Phase::Reverting]).await;
-    let at = |coll: &mongodb::Collection<Document>, id: &'static str| {
-        let coll = coll.clone();
-        async move { coll.find_one(doc! { "_id": id }).await.unwrap() }
-    };
-
     assert_eq!(total(&router.get(HOT, read).await.unwrap()), Some(5));
     assert_eq!(total(&at(&second, read).await), Some(5));
     assert!(router.delete(HOT, deleted).await.unwrap());
@@ -797,6 +797,135 @@ async fn with_a_fanout_source_mirrors_replace_the_source_document_where_it_is() 
     assert_eq!(total(&router.get(HOT, read).await.unwrap()), Some(5));
     assert_eq!(total(&router.get(HOT, copied).await.unwrap()), Some(5));
     assert_eq!(router.get(HOT, deleted).await.unwrap(), None);
+    router.shutdown().await;
+}
+
+/// With a fanout source, an insert through the router of an id whose document sits on the
+/// second listed shard is refused as a duplicate key, as one collection's unique index
+/// refuses it, in both phases that write the source before the switch, and leaves the one
+/// document; after a rollback, a re-creation of the deleted id replaces its source tombstone
+/// where it is rather than putting a document beside it. Sent to the first listed shard
+/// without looking at the others (the router's rule before `protocol::listed_location`), the
+/// insert succeeded and made a second document of the id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_fanout_source_an_insert_of_an_id_on_another_listed_shard_is_refused() {
+    let w = World::start_with_versions(FANOUT_V1, HASHED_V2).await;
+    let (first, second) = (
+        w.shards["s1"].collection::<Document>("orders"),
+        w.shards["s2"].collection::<Document>("orders"),
+    );
+    let id = "fan-taken";
+    second
+        .insert_one(doc! { "_id": id, "customerId": HOT, "total": 1 })
+        .await
+        .unwrap();
+    let router = w.router(config("api")).await;
+    for phase in [Phase::Planned, Phase::DualRead] {
+        if phase != Phase::Planned {
+            w.advance(&[&router], &[phase]).await;
+        }
+        let err = router
+            .insert(doc! { "_id": id, "customerId": HOT, "total": 2 })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RouterError::DuplicateId(_)), "{phase}: {err}");
+        assert_eq!(at(&first, id).await, None, "{phase}: a second document");
+        assert_eq!(total(&at(&second, id).await), Some(1), "{phase}");
+    }
+
+    // Deleted while rolling back: the router's mirror leaves a tombstone on the second
+    // shard, which the re-creation after the rollback replaces there.
+    w.advance(
+        &[&router],
+        &[
+            Phase::WriteSwitch,
+            Phase::NewWrites,
+            Phase::Backfill,
+            Phase::Reverting,
+        ],
+    )
+    .await;
+    assert!(router.delete(HOT, id).await.unwrap());
+    assert!(reshard::envelope::is_tombstone(
+        &at(&second, id).await.unwrap()
+    ));
+    w.force_phase(&[&router], Phase::RevertSwitch).await;
+    w.force_phase(&[&router], Phase::RolledBack).await;
+    router
+        .insert(doc! { "_id": id, "customerId": HOT, "total": 3 })
+        .await
+        .unwrap();
+    assert_eq!(
+        at(&first, id).await,
+        None,
+        "a document beside the tombstone"
+    );
+    assert_eq!(total(&at(&second, id).await), Some(3));
+    assert_eq!(total(&router.get(HOT, id).await.unwrap()), Some(3));
+    router.shutdown().await;
+}
+
+/// With a fanout source, the router's replaces, updates and deletes before the switch and
+/// after a rollback change the document where it is, on the second listed shard here. Sent
+/// to the first listed shard (the router's rule before `protocol::listed_location`, for every
+/// write not preceded by a find), they matched nothing there: the update and the delete
+/// reported no document and were lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_fanout_source_source_writes_change_the_document_where_it_is() {
+    let w = World::start_with_versions(FANOUT_V1, HASHED_V2).await;
+    let (first, second) = (
+        w.shards["s1"].collection::<Document>("orders"),
+        w.shards["s2"].collection::<Document>("orders"),
+    );
+    let (before, after) = ("fan-before", "fan-after");
+    for id in [before, after] {
+        second
+            .insert_one(doc! { "_id": id, "customerId": HOT, "total": 1 })
+            .await
+            .unwrap();
+    }
+    let router = w.router(config("api")).await;
+    // Written in `planned`, and after a rollback (source writes stamped for the migration,
+    // deletes leaving a tombstone until the seal).
+    for (phase, id) in [(Phase::Planned, before), (Phase::RolledBack, after)] {
+        if phase == Phase::RolledBack {
+            w.advance(
+                &[&router],
+                &[
+                    Phase::DualRead,
+                    Phase::WriteSwitch,
+                    Phase::NewWrites,
+                    Phase::Backfill,
+                    Phase::Reverting,
+                ],
+            )
+            .await;
+            w.force_phase(&[&router], Phase::RevertSwitch).await;
+            w.force_phase(&[&router], Phase::RolledBack).await;
+        }
+        assert!(
+            router
+                .update(HOT, id, doc! { "$inc": { "total": 4 } })
+                .await
+                .unwrap(),
+            "{phase}: the update found no document"
+        );
+        assert!(router
+            .replace(doc! { "_id": id, "customerId": HOT, "total": 7 }, false)
+            .await
+            .unwrap());
+        assert_eq!(total(&at(&second, id).await), Some(7), "{phase}");
+        assert!(router.delete(HOT, id).await.unwrap(), "{phase}");
+        assert_eq!(router.get(HOT, id).await.unwrap(), None, "{phase}");
+        assert_eq!(
+            at(&first, id).await,
+            None,
+            "{phase}: a document on the first shard"
+        );
+    }
+    assert!(reshard::envelope::is_tombstone(
+        &at(&second, after).await.unwrap()
+    ));
     router.shutdown().await;
 }
 

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use super::{Inner, RouterError, Snapshot};
 use crate::envelope::{self, is_tombstone, revision, META};
 use crate::protocol::{
-    self, Answer, Found, Interrupted, Next, Operation, OperationMachine, Outcome, Payload, Side,
-    Step,
+    self, Answer, Found, Interrupted, Listed, Next, Operation, OperationMachine, Outcome, Payload,
+    Side, Step,
 };
 use crate::routing::{KeyValue, Located, Location, RoutingVersion};
 use crate::shards::command::{self, CommandError, Written};
@@ -34,7 +34,6 @@ pub async fn run_operation(
     keys: &Keys<'_>,
     op: Operation<Document, Document>,
 ) -> Result<Outcome<Document>, RouterError> {
-    let mut places = Places::default();
     let mut machine = OperationMachine::new(snapshot.phase, op).sealed(snapshot.sealed);
     let mut answer = None;
     loop {
@@ -51,7 +50,7 @@ pub async fn run_operation(
         let Some(deadline) = inner.step_deadline() else {
             return Err(interrupted(machine.interrupted()));
         };
-        match execute(inner, snapshot, keys, &mut places, step, deadline).await {
+        match execute(inner, snapshot, keys, step, deadline).await {
             Ok(a) => answer = Some(a),
             Err(StepError::NotSent) => return Err(interrupted(machine.interrupted())),
             Err(StepError::NoAnswer) => return Err(interrupted(machine.interrupted_in_flight())),
@@ -92,23 +91,6 @@ fn command_error(e: CommandError) -> StepError {
     }
 }
 
-/// Where the document was found on each side, for layouts that list several candidate
-/// locations (`fanout`): later writes on that side go where it was found.
-#[derive(Default)]
-struct Places {
-    source: Option<Location>,
-    target: Option<Location>,
-}
-
-impl Places {
-    fn slot(&mut self, side: Side) -> &mut Option<Location> {
-        match side {
-            Side::Source => &mut self.source,
-            Side::Target => &mut self.target,
-        }
-    }
-}
-
 fn version(snapshot: &Snapshot, side: Side) -> &RoutingVersion {
     match side {
         Side::Source => &snapshot.source,
@@ -128,7 +110,6 @@ async fn execute(
     inner: &Inner,
     snapshot: &Snapshot,
     keys: &Keys<'_>,
-    places: &mut Places,
     step: Step<Document, Document>,
     deadline: Instant,
 ) -> Result<Answer<Document>, StepError> {
@@ -142,24 +123,30 @@ async fn execute(
     let by_id = doc! { "_id": keys.id.clone() };
     let live = envelope::live(keys.id);
     let tombstone = envelope::tombstone_of(keys.id);
-    if let Step::Find(_) = step {
-        let Some((found, location)) =
-            find_first(inner, &located.locations, &by_id, deadline).await?
-        else {
-            return Ok(Answer::Found(Found::Absent));
-        };
-        *places.slot(side) = Some(location.clone());
-        return Ok(Answer::Found(if is_tombstone(&found) {
-            Found::Tombstone
-        } else {
-            Found::Live(found)
-        }));
+    if let Step::Find(side) = step {
+        return Ok(Answer::Found(
+            match find(inner, side, &located.locations, &by_id, deadline).await? {
+                None => Found::Absent,
+                Some((found, _)) if is_tombstone(&found) => Found::Tombstone,
+                Some((found, _)) => Found::Live(found),
+            },
+        ));
     }
-    let location = places
-        .slot(side)
-        .clone()
-        .unwrap_or_else(|| located.locations[0].clone());
-    let db = database(inner, &location)?;
+    // A version that lists several locations for the id (a fanout source) holds its document
+    // on one of them: every listed location is asked at once, and the protocol says where
+    // the write goes (where the document is; an insert only where none is), or answers it
+    // without sending anything.
+    let location = match located.locations.as_slice() {
+        [location] => location,
+        listed => {
+            let holds = holding(inner, listed, &by_id, deadline).await?;
+            match protocol::listed_location(&step, listed, &holds) {
+                Listed::At(location) => location,
+                Listed::Answered(answer) => return Ok(answer),
+            }
+        }
+    };
+    let db = database(inner, location)?;
     let coll = location.collection.as_str();
     let materialise = |payload: Payload<Document>, rev: i64| {
         let mut doc = materialise(snapshot, v, &located, keys, payload, rev);
@@ -264,20 +251,19 @@ async fn probe(
     .map_err(command_error)
 }
 
-/// The document `by_id` finds at the first of `locations` that holds one, and where: a read
-/// of a layout that lists several candidate locations (`fanout`) looks in each, in order.
-async fn find_first<'a>(
+/// What each of `locations` holds under `by_id`, asked of all at once.
+async fn probe_each(
     inner: &Inner,
-    locations: &'a [Location],
+    locations: &[Location],
     by_id: &Document,
     deadline: Instant,
-) -> Result<Option<(Document, &'a Location)>, StepError> {
-    for location in locations {
-        if let Some(found) = probe(inner, location, by_id, deadline).await? {
-            return Ok(Some((found, location)));
-        }
-    }
-    Ok(None)
+) -> Result<Vec<Option<Document>>, StepError> {
+    futures::future::try_join_all(
+        locations
+            .iter()
+            .map(|location| probe(inner, location, by_id, deadline)),
+    )
+    .await
 }
 
 /// Whether each of `locations` holds a document matching `by_id`, asked of all at once.
@@ -287,10 +273,36 @@ async fn holding(
     by_id: &Document,
     deadline: Instant,
 ) -> Result<Vec<bool>, StepError> {
-    let probes = locations.iter().map(|location| async move {
-        Ok::<bool, StepError>(probe(inner, location, by_id, deadline).await?.is_some())
-    });
-    futures::future::try_join_all(probes).await
+    let found = probe_each(inner, locations, by_id, deadline).await?;
+    Ok(found.iter().map(Option::is_some).collect())
+}
+
+/// The document `by_id` finds on `side` among `locations` (those its version lists for the
+/// id), and where: at the one location of a hashed layout; among several (`fanout`), each
+/// asked at once, where the protocol reads it ([`protocol::listed_location`]: the first
+/// listed location holding the id).
+async fn find<'a>(
+    inner: &Inner,
+    side: Side,
+    locations: &'a [Location],
+    by_id: &Document,
+    deadline: Instant,
+) -> Result<Option<(Document, &'a Location)>, StepError> {
+    if let [location] = locations {
+        let found = probe(inner, location, by_id, deadline).await?;
+        return Ok(found.map(|found| (found, location)));
+    }
+    let mut found = probe_each(inner, locations, by_id, deadline).await?;
+    let holds: Vec<bool> = found.iter().map(Option::is_some).collect();
+    let step = Step::<Document, Document>::Find(side);
+    Ok(match protocol::listed_location(&step, locations, &holds) {
+        Listed::At(location) => locations
+            .iter()
+            .position(|l| std::ptr::eq(l, location))
+            .and_then(|i| found[i].take())
+            .map(|found| (found, location)),
+        Listed::Answered(_) => None,
+    })
 }
 
 /// Carries the target's image of the id to the source unless the source already holds an equal
@@ -304,7 +316,8 @@ async fn mirror_to_source(
 ) -> Result<Answer<Document>, StepError> {
     let target = snapshot.target.locate(keys.tenant_key, keys.id_key)?;
     let by_id = doc! { "_id": keys.id.clone() };
-    let Some((image, found_at)) = find_first(inner, &target.locations, &by_id, deadline).await?
+    let Some((image, found_at)) =
+        find(inner, Side::Target, &target.locations, &by_id, deadline).await?
     else {
         return Ok(Answer::Matched(false));
     };
