@@ -923,3 +923,113 @@ async fn reqwest_text(port: u16) -> String {
     stream.read_to_string(&mut body).await.unwrap();
     body
 }
+
+/// `reshard worker ID --exit-when-done` in a phase with no task (issue 29, item 5) waited for
+/// ever without a word. It now exits 0 with a line saying why when nothing will come before an
+/// operator acts (a phase before backfill, a pause), says what it waits for when it waits
+/// (without the flag, or while a playbook drives the migration), and works once the task comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_nothing_to_do_says_so_and_exits_when_done_unless_a_playbook_drives() {
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    seed(&w, 60).await;
+    ok(&w.db, &["migration", "advance", &id, "--to", "dual_read"]);
+    let worker = |extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_reshard"));
+        c.env("RESHARD_DATABASE_URL", w.db.url())
+            .env_remove("RESHARD_LOG")
+            .args(["worker", &id, "--lease-ttl", "5s"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let exits = |mut c: Command| async move {
+        let child = c.spawn().unwrap();
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
+        )
+        .await
+        .expect("the worker did not exit")
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    // Before backfill, no playbook: nothing comes until an operator advances it.
+    let said = exits(worker(&["--exit-when-done"])).await;
+    assert!(
+        said.contains("nothing to do") && said.contains("dual_read"),
+        "{said}"
+    );
+
+    // Without the flag it waits, and says once what for.
+    let mut child = worker(&[]).spawn().unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(log.matches("waiting").count(), 1, "{log}");
+    assert!(log.contains("is in dual_read"), "{log}");
+
+    // A playbook drives it: its next moves need no operator, so the worker waits for them,
+    // then does the backfill and exits.
+    sqlx::query("INSERT INTO playbooks (name, migration_id, content) VALUES ('drill', $1, '{}')")
+        .bind(w.migration)
+        .execute(&w.db.pool().await)
+        .await
+        .unwrap();
+    let lock = w
+        .store
+        .lock_playbook("drill", "test", 1)
+        .await
+        .unwrap()
+        .ok()
+        .unwrap();
+    let child = worker(&["--exit-when-done"]).spawn().unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for phase in ["write_switch", "backfill"] {
+        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
+    )
+    .await
+    .expect("the worker did not do the backfill")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stdout.contains("nothing to do"), "{stdout}");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("playbook drill drives it"), "{log}");
+    let totals = w
+        .store
+        .task_totals(w.migration, Task::Backfill)
+        .await
+        .unwrap();
+    assert!(
+        totals.partitions > 0 && totals.done == totals.partitions,
+        "{totals:?}"
+    );
+    drop(lock);
+
+    // Paused: nothing comes until an operator resumes it.
+    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
+    ok(&w.db, &["migration", "pause", &id, "--reason", "test"]);
+    let said = exits(worker(&["--exit-when-done"])).await;
+    assert!(
+        said.contains("nothing to do") && said.contains("paused"),
+        "{said}"
+    );
+}

@@ -107,12 +107,15 @@ pub enum WorkerError {
 }
 
 /// What a worker did before it stopped.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WorkerSummary {
     pub partitions_done: u64,
     pub batches: u64,
     pub documents: u64,
     pub leases_lost: u64,
+    /// Why a worker told to exit when done found nothing to do in a migration that is not
+    /// over (no task in its phase, and none until an operator acts), one line per migration.
+    pub nothing_to_do: Vec<String>,
 }
 
 /// A backfill worker over a set of shard connections.
@@ -147,6 +150,7 @@ impl Counters {
             batches: self.batches.load(Ordering::Relaxed) as u64,
             documents: self.documents.load(Ordering::Relaxed) as u64,
             leases_lost: self.leases_lost.load(Ordering::Relaxed) as u64,
+            nothing_to_do: Vec::new(),
         }
     }
 }
@@ -288,37 +292,80 @@ impl Worker {
             };
             let mut all_done = true;
             let mut worked = false;
+            let mut nothing_to_do = Vec::new();
             for m in migrations {
                 if *shutdown.borrow() {
                     break;
                 }
-                let Some(task) = Task::of(m.phase()) else {
-                    // Before backfill: wait for it, registered, so that the planner cuts the
-                    // backfill for this worker too. After: nothing left for this worker.
-                    if m.backfill_planned_at.is_none() && !m.phase().is_terminal() {
-                        all_done = false;
-                        if m.failure_reason.is_none() {
-                            self.register(m.id).await?;
-                            waiting.insert(m.id);
-                        }
-                    }
-                    continue;
-                };
                 if let Some(reason) = &m.failure_reason {
                     // Nothing to do until an operator resumes or rolls back; a worker told to
                     // exit when done does not wait for that.
                     if self.say_once(m.id, reason) {
                         tracing::warn!(migration = m.id, "the migration failed: {reason}");
                     }
-                    if !self.config.exit_when_done {
+                    if self.config.exit_when_done {
+                        nothing_to_do.push(format!(
+                            "migration {} failed ({reason}): nothing to do until an operator \
+                             resumes it or rolls it back",
+                            m.id
+                        ));
+                    } else {
                         all_done = false;
                     }
                     continue;
                 }
-                if m.paused {
+                // What the worker waits for, when it has nothing to do in this migration now
+                // and the migration is not over.
+                let waits_for = match Task::of(m.phase()) {
+                    // Before backfill: the worker waits for it, registered, so that the
+                    // planner cuts the backfill for this worker too. After: nothing is left
+                    // for this worker.
+                    None if m.backfill_planned_at.is_none() && !m.phase().is_terminal() => {
+                        Some(format!(
+                            "migration {} is in {}: workers have a task once it is advanced to \
+                             backfill",
+                            m.id,
+                            m.phase()
+                        ))
+                    }
+                    None => continue,
+                    Some(_) if m.paused => Some(format!(
+                        "migration {} is paused: its workers resume with `reshard migration \
+                         resume {}`",
+                        m.id, m.id
+                    )),
+                    Some(_) => None,
+                };
+                if let Some(why) = waits_for {
+                    // A worker told to exit when done waits only for what comes without an
+                    // operator: the next moves of a playbook that drives the migration now.
+                    let playbook = self.store.playbook_driving(m.id).await?;
+                    if self.config.exit_when_done && playbook.is_none() {
+                        nothing_to_do.push(format!(
+                            "{why}, and no playbook drives it: nothing to do until an operator \
+                             acts"
+                        ));
+                        continue;
+                    }
                     all_done = false;
+                    if Task::of(m.phase()).is_none() {
+                        self.register(m.id).await?;
+                        waiting.insert(m.id);
+                    }
+                    if self.say_once(m.id, &why) {
+                        match &playbook {
+                            Some(name) => tracing::info!(
+                                migration = m.id,
+                                "{why}; waiting (playbook {name} drives it)"
+                            ),
+                            None => tracing::info!(migration = m.id, "{why}; waiting"),
+                        }
+                    }
                     continue;
                 }
+                let Some(task) = Task::of(m.phase()) else {
+                    continue;
+                };
                 if !self.planned(&m, task).await? {
                     all_done = false;
                     continue;
@@ -337,7 +384,14 @@ impl Worker {
                     all_done = false;
                 }
             }
-            if (self.config.exit_when_done && all_done) || *shutdown.borrow() {
+            if self.config.exit_when_done && all_done {
+                for line in &nothing_to_do {
+                    tracing::info!("{line}; exiting (--exit-when-done)");
+                }
+                summary.nothing_to_do = nothing_to_do;
+                break;
+            }
+            if *shutdown.borrow() {
                 break;
             }
             if !worked {
@@ -619,6 +673,7 @@ impl Worker {
             batches: after.batches - before.batches,
             documents: after.documents - before.documents,
             leases_lost: after.leases_lost - before.leases_lost,
+            nothing_to_do: Vec::new(),
         })
     }
 

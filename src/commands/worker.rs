@@ -65,15 +65,20 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
         "batches": summary.batches,
         "documents": summary.documents,
         "leases_lost": summary.leases_lost,
+        "nothing_to_do": summary.nothing_to_do,
     });
     output::emit(ctx.output, &value, || {
-        output::fields(&[
+        let mut fields = vec![
             ("worker", name.clone()),
             ("partitions done", summary.partitions_done.to_string()),
             ("batches", summary.batches.to_string()),
             ("documents", summary.documents.to_string()),
             ("leases lost", summary.leases_lost.to_string()),
-        ])
+        ];
+        for line in &summary.nothing_to_do {
+            fields.push(("nothing to do", line.clone()));
+        }
+        output::fields(&fields)
     })
 }
 

@@ -101,6 +101,25 @@ impl Store {
         }))
     }
 
+    /// The playbook that drives a migration now (its runner holds the playbook's lock), if
+    /// any: its next moves come without an operator.
+    pub async fn playbook_driving(&self, migration_id: i64) -> StoreResult<Option<String>> {
+        // A session advisory lock on a bigint key shows in `pg_locks` as its high and low
+        // 32 bits (`classid`, `objid`) with `objsubid` 1.
+        Ok(sqlx::query_scalar(
+            "SELECT p.name FROM playbooks p
+             WHERE p.migration_id = $1 AND EXISTS (
+                 SELECT 1 FROM pg_locks l
+                 WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND ((l.classid::bigint << 32) | l.objid::bigint)
+                       = hashtext('reshard.playbook.' || p.name)::bigint)",
+        )
+        .bind(migration_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
     pub async fn playbook(&self, name: &str) -> StoreResult<Option<PlaybookRow>> {
         Ok(sqlx::query_as(
             "SELECT name, migration_id, content, created_at, updated_at FROM playbooks
