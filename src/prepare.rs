@@ -49,7 +49,7 @@ pub async fn prepare(
     // The indexes to carry over, from the first source location that has the collection.
     let mut template: Vec<Document> = Vec::new();
     for source in &sources {
-        let Ok(db) = shards.database(&source.shard) else {
+        let Ok(db) = &shards.database(&source.shard) else {
             continue;
         };
         if !collection_exists(db, &source.collection)
@@ -112,7 +112,7 @@ pub async fn prepare(
         if source_set.contains(&target) {
             continue;
         }
-        let Ok(db) = shards.database(&target.shard) else {
+        let Ok(db) = &shards.database(&target.shard) else {
             continue;
         };
         if !collection_exists(db, &target.collection)
@@ -159,7 +159,7 @@ pub async fn prepare(
         if !matches!(location_scope(from, to, source), MoveScope::Tenants(_)) {
             continue;
         }
-        let Ok(db) = shards.database(&source.shard) else {
+        let Ok(db) = &shards.database(&source.shard) else {
             continue;
         };
         if !collection_exists(db, &source.collection)

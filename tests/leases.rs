@@ -1033,3 +1033,129 @@ async fn a_worker_with_nothing_to_do_says_so_and_exits_when_done_unless_a_playbo
         "{said}"
     );
 }
+
+/// A worker started before a shard is registered connects to it once a migration it serves
+/// names it (issue 29, item 3): it used to log "no connection for shard" and hang the backfill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_before_a_shard_exists_connects_to_it_when_a_migration_names_it() {
+    let w = World::start().await;
+    // A worker for every migration, started while `s5` does not exist.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", w.db.url())
+        .env("RESHARD_LOG", "info")
+        .args(["worker", "--lease-ttl", "5s", "--name", "early"])
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let worker = WorkerProcess {
+        child,
+        log,
+        name: "early".into(),
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let s5 = format!("{}_s5", support::MongoServer::database_name());
+    ok(
+        &w.db,
+        &[
+            "shard",
+            "add",
+            "s5",
+            "--uri",
+            &w.server.uri(),
+            "--database",
+            &s5,
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = dir.path().join("v1.yaml");
+    let v2 = dir.path().join("v2.yaml");
+    std::fs::write(
+        &v1,
+        "tenant_key: customerId\nlayout: hashed\nvirtual_buckets: 64\nplacement:\n  \
+         - vbuckets: [0, 64]\n    shard: s1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &v2,
+        "tenant_key: customerId\nlayout: hashed\nvirtual_buckets: 64\nplacement:\n  \
+         - vbuckets: [0, 32]\n    shard: s1\n  - vbuckets: [32, 64]\n    shard: s5\n",
+    )
+    .unwrap();
+    for file in [&v1, &v2] {
+        ok(
+            &w.db,
+            &[
+                "version",
+                "create",
+                "--collection",
+                "parcels",
+                "--file",
+                file.to_str().unwrap(),
+            ],
+        );
+    }
+    let docs: Vec<Document> = (0..200)
+        .map(|i| doc! { "_id": format!("p-{i:04}"), "customerId": format!("c-{}", i % 40) })
+        .collect();
+    w.shards["s1"]
+        .collection::<Document>("parcels")
+        .insert_many(docs)
+        .await
+        .unwrap();
+    let created = ok(
+        &w.db,
+        &[
+            "--output",
+            "json",
+            "migration",
+            "create",
+            "--collection",
+            "parcels",
+            "--to",
+            "2",
+        ],
+    );
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let id = created["id"]
+        .as_i64()
+        .or(created["migration"].as_i64())
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    for phase in ["dual_read", "write_switch", "backfill"] {
+        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+    }
+    let migration: i64 = id.parse().unwrap();
+    let started = Instant::now();
+    loop {
+        let totals = w
+            .store
+            .task_totals(migration, Task::Backfill)
+            .await
+            .unwrap();
+        if totals.partitions > 0 && totals.done == totals.partitions {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the backfill did not finish: {totals:?}\n{}",
+            tail(&worker.log(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let moved = w
+        .server
+        .client()
+        .await
+        .database(&s5)
+        .collection::<Document>("parcels")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert!(moved > 0, "nothing was copied to s5");
+    assert!(worker
+        .log()
+        .contains("connected to a shard registered since this worker started"));
+}

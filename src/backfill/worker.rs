@@ -366,6 +366,15 @@ impl Worker {
                 let Some(task) = Task::of(m.phase()) else {
                     continue;
                 };
+                // A shard registered after this worker started is connected before the task
+                // that names it is planned or worked on.
+                if let Err(why) = self.connect_shards(&m).await? {
+                    all_done = false;
+                    if self.say_once(m.id, &why) {
+                        tracing::warn!(migration = m.id, "{why}; waiting");
+                    }
+                    continue;
+                }
                 if !self.planned(&m, task).await? {
                     all_done = false;
                     continue;
@@ -402,6 +411,32 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Connects every shard the migration's versions name that this worker has no
+    /// connection for yet (registered after it started). `Ok(Err(why))`: one is not
+    /// registered, or does not answer; the task waits for it.
+    async fn connect_shards(&self, m: &Migration) -> Result<Result<(), String>, WorkerError> {
+        let (from, to) = self.versions(m).await?;
+        let mut wanted = from.shards();
+        wanted.extend(to.shards());
+        if wanted.iter().all(|s| self.shards.contains(s)) {
+            return Ok(Ok(()));
+        }
+        let registered = self.store.shards().await?;
+        Ok(match self.shards.ensure(&wanted, &registered).await {
+            Ok(connected) => {
+                for shard in connected {
+                    tracing::info!(
+                        migration = m.id,
+                        shard,
+                        "connected to a shard registered since this worker started"
+                    );
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        })
     }
 
     /// Whether `what` is news about the migration (not what the worker said of it last).
@@ -582,11 +617,7 @@ impl Worker {
                 counters.rate_cuts.fetch_add(1, Ordering::Relaxed);
             }
         };
-        BulkWriter::new(
-            self.shards.iter().map(|(n, d)| (n.clone(), d.clone())),
-            options,
-        )
-        .with_overload_sink(Arc::new(sink))
+        BulkWriter::new(self.shards.entries(), options).with_overload_sink(Arc::new(sink))
     }
 
     /// Works on one migration until its partitions run out, it stops being runnable, or

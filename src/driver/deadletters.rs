@@ -26,10 +26,7 @@ pub async fn retry(driver: &Driver, id: i64, letters: &[DeadLetter]) -> Result<V
     let m = driver.store.migration(id).await?;
     let (from, to) = driver.store.migration_versions(&m).await?;
     let shards = driver.shards(true).await?;
-    let writer = BulkWriter::new(
-        shards.iter().map(|(n, d)| (n.clone(), d.clone())),
-        WriterOptions::default(),
-    );
+    let writer = BulkWriter::new(shards.entries(), WriterOptions::default());
     let mut out = Vec::new();
     for letter in letters {
         let result = |resolved: bool, what: String| Retried {

@@ -99,7 +99,7 @@ fn version(snapshot: &Snapshot, side: Side) -> &RoutingVersion {
 }
 
 /// The database holding `location`.
-fn database<'a>(inner: &'a Inner, location: &Location) -> Result<&'a Database, RouterError> {
+fn database(inner: &Inner, location: &Location) -> Result<Database, RouterError> {
     inner
         .shards
         .database(&location.shard)
@@ -146,7 +146,7 @@ async fn execute(
             }
         }
     };
-    let db = database(inner, location)?;
+    let db = &database(inner, location)?;
     let coll = location.collection.as_str();
     let materialise = |payload: Payload<Document>, rev: i64| {
         let mut doc = materialise(snapshot, v, &located, keys, payload, rev);
@@ -242,7 +242,7 @@ async fn probe(
     deadline: Instant,
 ) -> Result<Option<Document>, StepError> {
     command::find_one(
-        database(inner, location)?,
+        &database(inner, location)?,
         &location.collection,
         by_id.clone(),
         deadline,
@@ -347,7 +347,7 @@ async fn mirror_to_source(
     );
     // The duplicate key of a refused upsert means the source is already newer.
     let w = command::update_one(
-        database(inner, back)?,
+        &database(inner, back)?,
         &back.collection,
         filter,
         image,

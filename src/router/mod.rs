@@ -358,11 +358,11 @@ impl Router {
                 return Err(e.into());
             }
         };
-        for v in [&snapshot.source, &snapshot.target] {
-            if let Some(missing) = v.shards().into_iter().find(|s| !shards.contains(s)) {
-                let _ = store.deregister_router(id).await;
-                return Err(RouterError::UnknownShard(missing));
-            }
+        // A shard the application did not hand over (or that was registered since it read
+        // the registry) is connected from its registration.
+        if let Err(e) = connect_shards(&store, &shards, &snapshot).await {
+            let _ = store.deregister_router(id).await;
+            return Err(e);
         }
         crate::telemetry::router_applies(collection, snapshot.epoch, snapshot.phase.as_str(), None);
         let (epochs, _) = watch::channel((snapshot.migration_id, snapshot.epoch));
@@ -804,6 +804,13 @@ impl Inner {
         if current.same_epoch(&fresh) {
             return Some(false);
         }
+        // A version of the new epoch may name a shard registered since this router started:
+        // it is connected before the router switches (and acknowledges); until it is, the
+        // router stays in its epoch and the driver's barrier names it.
+        if let Err(e) = connect_shards(&self.store, &self.shards, &fresh).await {
+            tracing::warn!(router = %self.config.name, epoch = fresh.epoch, "cannot switch epoch: {e}");
+            return None;
+        }
         let mut guard = self.snapshot.write().await;
         tracing::info!(
             router = %self.config.name,
@@ -822,6 +829,34 @@ impl Inner {
         drop(guard);
         self.epochs.send_replace(key);
         Some(true)
+    }
+}
+
+/// Connects every shard the snapshot's versions name that `shards` lacks, from the store's
+/// registry.
+async fn connect_shards(
+    store: &Store,
+    shards: &Shards,
+    snapshot: &Snapshot,
+) -> Result<(), RouterError> {
+    let mut wanted = snapshot.source.shards();
+    wanted.extend(snapshot.target.shards());
+    if wanted.iter().all(|s| shards.contains(s)) {
+        return Ok(());
+    }
+    let registered = within(STORE_CALL_LIMIT, store.shards()).await?;
+    match shards.ensure(&wanted, &registered).await {
+        Ok(connected) => {
+            for shard in connected {
+                tracing::info!(
+                    shard,
+                    "connected to a shard registered since this router started"
+                );
+            }
+            Ok(())
+        }
+        Err(crate::shards::EnsureError::Unregistered(e)) => Err(RouterError::UnknownShard(e.0)),
+        Err(e) => Err(RouterError::InvalidUpdate(e.to_string())),
     }
 }
 

@@ -251,7 +251,7 @@ async fn find(
             .database(&location.shard)
             .map_err(|e| format!("unknown shard {}", e.0))?;
         let found = command::find_one(
-            db,
+            &db,
             &location.collection,
             mongodb::bson::doc! { "_id": id.clone() },
             deadline,

@@ -20,10 +20,13 @@ use mongodb::{Client, Collection, Database};
 use crate::redact::{redact_uri, Redacted};
 use crate::routing::Location;
 
-/// A database handle per shard name. Cheap to clone; clones share the handles.
+/// A database handle per shard name. Cheap to clone; clones share the handles, and a shard
+/// connected later ([`Shards::ensure`]) is seen by every clone.
 #[derive(Clone, Debug, Default)]
 pub struct Shards {
-    databases: Arc<BTreeMap<String, Database>>,
+    databases: Arc<std::sync::RwLock<BTreeMap<String, Database>>>,
+    /// Whether the clients opened here leave write retries to the bulk writer.
+    bulk_writer: bool,
 }
 
 /// A location names a shard this process has no connection for.
@@ -35,7 +38,8 @@ impl Shards {
     /// Handles the caller opened itself (an application's own clients, a test's).
     pub fn new(databases: impl IntoIterator<Item = (String, Database)>) -> Shards {
         Shards {
-            databases: Arc::new(databases.into_iter().collect()),
+            databases: Arc::new(std::sync::RwLock::new(databases.into_iter().collect())),
+            bulk_writer: false,
         }
     }
 
@@ -51,13 +55,47 @@ impl Shards {
             databases.insert(shard.name.clone(), client.database(&shard.database));
         }
         Ok(Shards {
-            databases: Arc::new(databases),
+            databases: Arc::new(std::sync::RwLock::new(databases)),
+            bulk_writer,
         })
     }
 
-    pub fn database(&self, shard: &str) -> Result<&Database, UnknownShard> {
+    /// Connects every shard of `wanted` this process has no connection for yet, from its
+    /// registration in `registered` (workers, routers and fronts started before a shard was
+    /// registered learn it here: at their poll, and before they work on anything that names
+    /// it). Returns the shards it connected. A wanted shard that is not registered is an
+    /// [`EnsureError::Unregistered`]; one that does not answer, [`EnsureError::Connect`].
+    pub async fn ensure(
+        &self,
+        wanted: &std::collections::BTreeSet<String>,
+        registered: &[crate::store::shards::Shard],
+    ) -> Result<Vec<String>, EnsureError> {
+        let missing: Vec<&String> = wanted.iter().filter(|s| !self.contains(s)).collect();
+        let mut connected = Vec::new();
+        for name in missing {
+            let shard = registered
+                .iter()
+                .find(|r| &r.name == name)
+                .ok_or_else(|| EnsureError::Unregistered(UnknownShard(name.clone())))?;
+            let client = connect(shard.uri.expose(), self.bulk_writer)
+                .await
+                .map_err(|e| EnsureError::Connect(name.clone(), e))?;
+            self.databases
+                .write()
+                .expect("the shard map lock is never poisoned")
+                .entry(name.clone())
+                .or_insert_with(|| client.database(&shard.database));
+            connected.push(name.clone());
+        }
+        Ok(connected)
+    }
+
+    pub fn database(&self, shard: &str) -> Result<Database, UnknownShard> {
         self.databases
+            .read()
+            .expect("the shard map lock is never poisoned")
             .get(shard)
+            .cloned()
             .ok_or_else(|| UnknownShard(shard.to_owned()))
     }
 
@@ -68,12 +106,20 @@ impl Shards {
     }
 
     pub fn contains(&self, shard: &str) -> bool {
-        self.databases.contains_key(shard)
+        self.databases
+            .read()
+            .expect("the shard map lock is never poisoned")
+            .contains_key(shard)
     }
 
-    /// Every shard name and its database handle, by name.
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &Database)> {
-        self.databases.iter()
+    /// Every shard name and its database handle, by name, as connected now.
+    pub fn entries(&self) -> Vec<(String, Database)> {
+        self.databases
+            .read()
+            .expect("the shard map lock is never poisoned")
+            .iter()
+            .map(|(n, d)| (n.clone(), d.clone()))
+            .collect()
     }
 }
 
@@ -87,6 +133,17 @@ impl From<std::collections::HashMap<String, Database>> for Shards {
     fn from(databases: std::collections::HashMap<String, Database>) -> Shards {
         Shards::new(databases)
     }
+}
+
+/// Why [`Shards::ensure`] could not connect a shard.
+#[derive(Debug, thiserror::Error)]
+pub enum EnsureError {
+    #[error("{0}, and it is not registered (`reshard shard add`)")]
+    Unregistered(UnknownShard),
+    #[error(
+        "shard {0:?} was registered after this process started, and connecting to it failed: {1}"
+    )]
+    Connect(String, ShardConnectError),
 }
 
 #[derive(Debug, thiserror::Error)]
