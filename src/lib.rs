@@ -18,6 +18,7 @@ pub mod error;
 pub mod estimate;
 pub mod events;
 pub mod finish;
+pub mod front;
 pub mod hooks;
 pub mod identity;
 pub mod ids;
