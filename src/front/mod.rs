@@ -4,6 +4,8 @@
 //! It owns three parts, read in this order:
 //! - [`wire`]: the codec, pure (bytes in, typed requests out, reply frames back), with every
 //!   length and section checked before it is trusted;
+//! - [`server`]: the TCP listener, one task per connection, one request answered at a time,
+//!   a malformed message closing only the connection that sent it;
 //! - [`commands`]: dispatch, a table from command name to one handler, and the handlers;
 //!   errors leave as MongoDB errors through [`error::CommandError`].
 //!
@@ -12,10 +14,12 @@
 
 pub mod commands;
 pub mod error;
+pub mod server;
 pub mod wire;
 
 pub use commands::{Command, Connection, Context, Dispatch, Handler, Reply, Spec};
 pub use error::{CommandError, ErrorCode};
+pub use server::{serve, Front, Stats};
 
 /// The MongoDB release whose semantics the front follows, as `buildInfo` reports it.
 pub const MONGODB_VERSION: &str = "7.0.0";
