@@ -38,7 +38,7 @@ pub const MAX_BSON_OBJECT_SIZE: i32 = 16 * 1024 * 1024;
 pub const MAX_WRITE_BATCH_SIZE: i32 = 100_000;
 
 /// What the front advertises and enforces. The defaults are a `mongos` 7.0's.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Settings {
     /// The largest message read (and advertised as `maxMessageSizeBytes`).
     pub limits: wire::Limits,
@@ -52,14 +52,4 @@ pub struct Settings {
     pub logical_session_timeout_minutes: Option<u32>,
     /// The process's command line as `getCmdLineOpts` reports it (already redacted).
     pub argv: Vec<String>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            limits: wire::Limits::default(),
-            logical_session_timeout_minutes: None,
-            argv: Vec::new(),
-        }
-    }
 }

@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 
 use super::commands::{Connection, Context, Dispatch};
 use super::error::{CommandError, ErrorCode};
-use super::wire::{Header, Limits, Request, WireError, HEADER_LEN};
+use super::wire::{Header, Limits, Request, RequestForm, WireError, HEADER_LEN};
 use super::Settings;
 
 /// The buffer a message body starts with; it grows as bytes arrive, up to the message's
@@ -39,6 +39,7 @@ pub struct Front {
     next_request_id: AtomicI32,
     connections: AtomicU64,
     requests: AtomicU64,
+    legacy_requests: AtomicU64,
     refused: AtomicU64,
     panics: AtomicU64,
 }
@@ -50,6 +51,9 @@ pub struct Stats {
     pub connections: u64,
     /// Requests dispatched (answered, or run without an answer under `moreToCome`).
     pub requests: u64,
+    /// Requests that came over the legacy `OP_QUERY` (the first handshake of drivers that
+    /// still open with it).
+    pub legacy_requests: u64,
     /// Connections closed because of a malformed or refused message.
     pub refused: u64,
     /// Connection tasks that panicked. A panic is a bug; this stays 0.
@@ -70,6 +74,7 @@ impl Front {
             next_request_id: AtomicI32::new(1),
             connections: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            legacy_requests: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             panics: AtomicU64::new(0),
         }
@@ -83,6 +88,7 @@ impl Front {
         Stats {
             connections: self.connections.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
+            legacy_requests: self.legacy_requests.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             panics: self.panics.load(Ordering::Relaxed),
         }
@@ -236,6 +242,9 @@ async fn serve_connection(
         };
         let reply = front.dispatch.answer(&mut context, &request).await;
         front.requests.fetch_add(1, Ordering::Relaxed);
+        if matches!(request.form, RequestForm::Query { .. }) {
+            front.legacy_requests.fetch_add(1, Ordering::Relaxed);
+        }
         if !request.expects_reply() {
             continue;
         }
