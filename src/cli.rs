@@ -106,6 +106,11 @@ pub enum Command {
     /// Run what remains of a playbook, from the state stored in PostgreSQL. Run it again after
     /// a stop, a crash or an approval: it continues where it stopped.
     Run(RunArgs),
+    /// Serve the MongoDB wire protocol: applications connect with their own MongoDB driver
+    /// (`mongodb://HOST:PORT/`), as to a `mongos`. So far it answers the handshake and the
+    /// diagnostic commands drivers and shells send; the routed commands come later. Runs until
+    /// SIGINT/SIGTERM, then finishes the requests in flight and prints what it served.
+    Front(FrontArgs),
     /// Approve a playbook's manual gate; the next `reshard run` goes past it.
     Approve {
         /// The playbook's name.
@@ -149,8 +154,21 @@ pub struct RunArgs {
     pub workers: u16,
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
     /// (`localhost:9000`, `10.0.0.5:9000`; `:9000` listens on every interface).
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub struct FrontArgs {
+    /// Where to listen: `HOST:PORT` (`localhost:27018`, `10.0.0.5:27018`), or `:PORT` for
+    /// every interface.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:27018",
+        value_name = "HOST:PORT",
+        value_parser = parse_listen_addr
+    )]
+    pub listen: std::net::SocketAddr,
 }
 
 #[derive(Debug, Args)]
@@ -192,7 +210,7 @@ pub struct ReconcileArgs {
     pub recheck_delay: Duration,
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
     /// (full runs).
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -243,7 +261,7 @@ pub struct WorkerArgs {
     pub name: Option<String>,
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
     /// (`localhost:9000`, `10.0.0.5:9000`; `:9000` listens on every interface).
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_metrics_addr)]
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -704,10 +722,11 @@ fn parse_written_duration(s: &str) -> Result<WrittenDuration, String> {
     })
 }
 
-/// `--metrics-addr`: `HOST:PORT` (a host name is resolved, its first IPv4 address taken) or
-/// `:PORT`, every interface (as Prometheus's own `--web.listen-address=:9090`: an exporter is
-/// there to be scraped from elsewhere; write `localhost:PORT` to keep it local).
-fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+/// An address to listen on (`--metrics-addr`, `front --listen`): `HOST:PORT` (a host name is
+/// resolved, its first IPv4 address taken) or `:PORT`, every interface (as Prometheus's own
+/// `--web.listen-address=:9090`: an exporter is there to be scraped from elsewhere; write
+/// `localhost:PORT` to keep it local).
+fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     use std::net::{SocketAddr, ToSocketAddrs};
     let text = s.trim();
     if let Some(port) = text.strip_prefix(':') {
@@ -778,20 +797,20 @@ mod tests {
     }
 
     #[test]
-    fn a_metrics_address_may_name_a_host_or_only_a_port() {
+    fn a_listen_address_may_name_a_host_or_only_a_port() {
         assert_eq!(
-            parse_metrics_addr("127.0.0.1:9000").unwrap(),
+            parse_listen_addr("127.0.0.1:9000").unwrap(),
             "127.0.0.1:9000".parse().unwrap()
         );
         assert_eq!(
-            parse_metrics_addr(":9000").unwrap(),
+            parse_listen_addr(":9000").unwrap(),
             "0.0.0.0:9000".parse().unwrap()
         );
-        assert_eq!(parse_metrics_addr("[::1]:9000").unwrap().port(), 9000);
-        let local = parse_metrics_addr("localhost:9000").unwrap();
+        assert_eq!(parse_listen_addr("[::1]:9000").unwrap().port(), 9000);
+        let local = parse_listen_addr("localhost:9000").unwrap();
         assert!(local.ip().is_loopback() && local.port() == 9000, "{local}");
         for bad in ["localhost", ":nine", "localhost:99999", ":"] {
-            assert!(parse_metrics_addr(bad).is_err(), "{bad}");
+            assert!(parse_listen_addr(bad).is_err(), "{bad}");
         }
     }
 }

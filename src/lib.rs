@@ -18,6 +18,7 @@ pub mod error;
 pub mod estimate;
 pub mod events;
 pub mod finish;
+pub mod front;
 pub mod hooks;
 pub mod identity;
 pub mod ids;
@@ -50,7 +51,7 @@ pub use error::{Error, Result};
 /// Runs one command line to completion and returns its exit code (see [`error`]).
 pub async fn run(cli: Cli) -> ExitCode {
     let default_filter = match cli.command {
-        cli::Command::Worker(_) => logging::PROCESS_FILTER,
+        cli::Command::Worker(_) | cli::Command::Front(_) => logging::PROCESS_FILTER,
         _ => logging::DEFAULT_FILTER,
     };
     logging::init(cli.log_format, default_filter);

@@ -272,6 +272,39 @@ fn the_module_graph_has_no_cycle() {
     }
 }
 
+/// The front's codec is pure like the core although it sits in the front's layer
+/// (ARCHITECTURE.md, "Architecture invariants"): it names no I/O, no async runtime and nothing
+/// else of the crate, so it can be tested by value and fuzzed without a server.
+#[test]
+fn the_wire_codec_does_no_io() {
+    let file = root().join("src/front/wire.rs");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let forbidden = [
+        "tokio", "std::net", "std::fs", "std::io", "async ", ".await", "crate::", "super::",
+    ];
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            continue;
+        }
+        // The unit tests at the end reach the codec through `super::*`.
+        if code.starts_with("use super::*;") {
+            continue;
+        }
+        for word in forbidden {
+            if code.contains(word) {
+                found.push(format!("src/front/wire.rs:{}: {}", n + 1, code.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the codec names I/O:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_reader_finds_every_form_of_a_crate_path() {
     let path = vec!["router".to_owned(), "exec".to_owned()];

@@ -6,6 +6,7 @@ mod capacity;
 mod db;
 mod deadletter;
 mod exporter;
+mod front;
 mod hook;
 mod migration;
 mod playbook;
@@ -35,6 +36,10 @@ pub async fn run(cli: Cli) -> Result<()> {
     if let Command::Playbook(cmd) = cli.command {
         return playbook::run(cli.output, cmd);
     }
+    // Nor does the front, so far: it answers from what it knows.
+    if let Command::Front(args) = cli.command {
+        return front::run(cli.output, args).await;
+    }
     let url = database_url(&cli)?;
     // An empty `--actor` (`RESHARD_ACTOR=` in a script) names no one: the event log gets the
     // operating system's user instead of an empty actor.
@@ -57,7 +62,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Bypass(cmd) => bypass::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Hook(cmd) => hook::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Reconcile(args) => reconcile::run(&ctx(url, output, actor).await?, args).await,
-        Command::Playbook(_) => unreachable!("handled above"),
+        Command::Playbook(_) | Command::Front(_) => unreachable!("handled above"),
         Command::Run(args) => playbook::run_file(&ctx(url, output, actor).await?, args).await,
         Command::Approve { name, step, reason } => {
             playbook::approve(&ctx(url, output, actor).await?, &name, &step, reason).await

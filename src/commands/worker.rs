@@ -82,7 +82,8 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
     })
 }
 
-async fn wait_for_signal() {
+/// Resolves on SIGINT or SIGTERM.
+pub(super) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

@@ -1,0 +1,55 @@
+//! The front: a MongoDB wire-protocol server that applications reach with their own MongoDB
+//! driver, as they reach a `mongos`.
+//!
+//! It owns three parts, read in this order:
+//! - [`wire`]: the codec, pure (bytes in, typed requests out, reply frames back), with every
+//!   length and section checked before it is trusted;
+//! - [`server`]: the TCP listener, one task per connection, one request answered at a time,
+//!   a malformed message closing only the connection that sent it;
+//! - [`commands`]: dispatch, a table from command name to one handler, and the handlers;
+//!   errors leave as MongoDB errors through [`error::CommandError`].
+//!
+//! The routed commands (CRUD) are to come: they are handlers in the same table whose
+//! executor is the router's engine, not a second router.
+
+pub mod commands;
+pub mod error;
+pub mod server;
+pub mod wire;
+
+pub use commands::{Command, Connection, Context, Dispatch, Handler, Reply, Spec};
+pub use error::{CommandError, ErrorCode};
+pub use server::{serve, Front, Stats};
+
+/// The MongoDB release whose semantics the front follows, as `buildInfo` reports it.
+pub const MONGODB_VERSION: &str = "7.0.0";
+
+/// The wire version of [`MONGODB_VERSION`] (MongoDB 7.0 speaks 21), advertised as
+/// `maxWireVersion`; drivers choose the commands and options they send by it.
+pub const MAX_WIRE_VERSION: i32 = 21;
+
+/// The feature compatibility version that matches [`MONGODB_VERSION`].
+pub const FEATURE_COMPATIBILITY_VERSION: &str = "7.0";
+
+/// MongoDB's `maxBsonObjectSize`: the largest document a client may send for storage.
+pub const MAX_BSON_OBJECT_SIZE: i32 = 16 * 1024 * 1024;
+
+/// MongoDB's `maxWriteBatchSize`: the most statements in one write command.
+pub const MAX_WRITE_BATCH_SIZE: i32 = 100_000;
+
+/// What the front advertises and enforces. The defaults are a `mongos` 7.0's.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// The largest message read (and advertised as `maxMessageSizeBytes`).
+    pub limits: wire::Limits,
+    /// Sessions, advertised by `logicalSessionTimeoutMinutes` in `hello`. Off (`None`) by
+    /// default, and to stay off until the front supports sessions: a server that advertises
+    /// them gets an `lsid` with every command and a `txnNumber` with every write, and drivers
+    /// then retry writes once after a network error or a retryable code (retryable writes),
+    /// which is safe only when the server recognises the retry by `lsid` + `txnNumber` and does
+    /// not apply the write twice. Without the field drivers use no sessions and no retryable
+    /// writes.
+    pub logical_session_timeout_minutes: Option<u32>,
+    /// The process's command line as `getCmdLineOpts` reports it (already redacted).
+    pub argv: Vec<String>,
+}
