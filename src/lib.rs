@@ -8,6 +8,7 @@ pub mod backfill;
 pub mod bypass;
 pub mod capacity;
 pub mod cli;
+pub mod collection_options;
 mod commands;
 pub mod copy;
 pub mod disposition;

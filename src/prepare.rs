@@ -1,18 +1,21 @@
 //! What `planned` prepares before routers may read the target (DESIGN.md "Phases"): the target
-//! collections with the source's indexes, and the tenant key index that tenant-scoped backfill
-//! scans read through. Idempotent: what exists is left alone.
+//! collections, created with the source's collection options ([`crate::collection_options`]
+//! decides which are carried and which refuse the migration) and its indexes, and the tenant
+//! key index that tenant-scoped backfill scans read through. Every location is read before
+//! anything is made, so a refusal creates nothing. Idempotent: a target that exists is
+//! checked against the source and kept, an index that exists is left alone.
 
 use std::collections::BTreeSet;
 
-use futures::TryStreamExt;
+use futures::future::try_join_all;
 use mongodb::bson::{doc, Document};
-use mongodb::Database;
-
-use crate::shards::Shards;
 use serde::Serialize;
 
+use crate::collection_options::{self, Bookkeeping, Listing, Refused};
 use crate::routing::{Location, MoveScope, RoutingVersion};
 use crate::scope::location_scope;
+use crate::shards::collections::CollectionError;
+use crate::shards::Shards;
 
 /// One thing prepared (or, in a dry run, to be prepared).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -25,14 +28,17 @@ pub struct Prepared {
 pub const TENANT_INDEX: &str = "reshard_tenant_id";
 
 #[derive(Debug, thiserror::Error)]
-#[error("preparing {location} failed: {}", crate::shards::describe(source))]
-pub struct PrepareError {
-    pub location: Location,
-    #[source]
-    pub source: mongodb::error::Error,
+pub enum PrepareError {
+    /// The source's collection options cannot be carried to the target (or a target that
+    /// exists differs from the source): nothing was created.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// A server did not answer, or refused a command.
+    #[error("preparing {0}")]
+    Server(#[from] CollectionError),
 }
 
-/// Creates what is missing; with `dry_run`, only reports it.
+/// Creates what is missing; with `dry_run`, only reports it (and refuses as it would).
 pub async fn prepare(
     from: &RoutingVersion,
     to: &RoutingVersion,
@@ -40,109 +46,67 @@ pub async fn prepare(
     dry_run: bool,
 ) -> Result<Vec<Prepared>, PrepareError> {
     let mut done = Vec::new();
-    let sources = from.locations();
+    let sources: Vec<Location> = from
+        .locations()
+        .into_iter()
+        .filter(|l| shards.contains(&l.shard))
+        .collect();
     let source_set: BTreeSet<&Location> = sources.iter().collect();
-    let err = |location: &Location| {
-        let location = location.clone();
-        move |source| PrepareError { location, source }
-    };
+    let targets: Vec<Location> = to
+        .locations()
+        .into_iter()
+        .filter(|l| !source_set.contains(l) && shards.contains(&l.shard))
+        .collect();
+
+    // Every source's options and every target's, before anything is made.
+    let source_listings: Vec<(Location, Listing)> = listings(shards, &sources)
+        .await?
+        .into_iter()
+        .filter_map(|(location, listing)| listing.map(|l| (location, l)))
+        .collect();
+    let target_listings = listings(shards, &targets).await?;
+    let create = collection_options::decide(
+        &source_listings,
+        &target_listings,
+        &Bookkeeping::of(from, to),
+    )?;
+
     // The indexes to carry over, from the first source location that has the collection.
-    let mut template: Vec<Document> = Vec::new();
-    for source in &sources {
-        let Ok(db) = &shards.database(&source.shard) else {
-            continue;
-        };
-        if !collection_exists(db, &source.collection)
-            .await
-            .map_err(err(source))?
-        {
-            continue;
-        }
-        let specs: Vec<Document> = db
-            .collection::<Document>(&source.collection)
-            .list_indexes()
-            .await
-            .map_err(err(source))?
-            .try_collect::<Vec<_>>()
-            .await
-            .map_err(err(source))?
-            .into_iter()
-            .map(|model| mongodb::bson::to_document(&model).unwrap_or_default())
-            .collect();
-        template = specs
-            .into_iter()
-            .filter(|s| {
-                s.get_str("name").ok() != Some("_id_")
-                    && s.get_str("name").ok() != Some(TENANT_INDEX)
-            })
-            .map(|mut s| {
-                // `key` and `options` flattened: keep what createIndexes accepts.
-                let mut spec = Document::new();
-                if let Ok(key) = s.get_document("key") {
-                    spec.insert("key", key.clone());
-                }
-                if let Some(Ok(options)) = s
-                    .remove("options")
-                    .map(|o| o.as_document().cloned().ok_or(()))
-                {
-                    for (k, v) in options {
-                        if k != "v" && k != "ns" {
-                            spec.insert(k, v);
-                        }
-                    }
-                }
-                for k in [
-                    "name",
-                    "unique",
-                    "sparse",
-                    "partialFilterExpression",
-                    "expireAfterSeconds",
-                    "collation",
-                ] {
-                    if let Some(v) = s.get(k) {
-                        spec.insert(k, v.clone());
-                    }
-                }
-                spec
-            })
-            .collect();
-        break;
-    }
-    for target in to.locations() {
-        if source_set.contains(&target) {
-            continue;
-        }
-        let Ok(db) = &shards.database(&target.shard) else {
-            continue;
-        };
-        if !collection_exists(db, &target.collection)
-            .await
-            .map_err(err(&target))?
-        {
+    let template: Vec<Document> = match source_listings.first() {
+        Some((source, _)) => index_template(shards.index_specs(source).await?),
+        None => Vec::new(),
+    };
+    for (target, listing) in &target_listings {
+        let exists = listing.is_some();
+        if !exists {
             if !dry_run {
-                db.create_collection(&target.collection)
-                    .await
-                    .map_err(err(&target))?;
+                shards.create_collection(target, &create).await?;
             }
             done.push(Prepared {
                 location: target.to_string(),
-                action: "create collection".into(),
+                action: if create.is_empty() {
+                    "create collection".to_owned()
+                } else {
+                    format!(
+                        "create collection with {}",
+                        create.keys().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                },
             });
         }
-        let existing = index_names(db, &target.collection, dry_run)
-            .await
-            .map_err(err(&target))?;
+        // In a dry run, a target to be created has no index yet.
+        let existing = if exists || !dry_run {
+            shards.index_names(target).await?
+        } else {
+            BTreeSet::new()
+        };
         for spec in &template {
             let name = spec.get_str("name").unwrap_or("").to_owned();
             if existing.contains(&name) {
                 continue;
             }
             if !dry_run {
-                db.run_command(
-                    doc! { "createIndexes": &target.collection, "indexes": [spec.clone()] },
-                )
-                .await
-                .map_err(err(&target))?;
+                shards.create_index(target, spec.clone()).await?;
             }
             done.push(Prepared {
                 location: target.to_string(),
@@ -155,32 +119,20 @@ pub async fn prepare(
             });
         }
     }
-    for source in &sources {
+    for (source, _) in &source_listings {
         if !matches!(location_scope(from, to, source), MoveScope::Tenants(_)) {
             continue;
         }
-        let Ok(db) = &shards.database(&source.shard) else {
-            continue;
-        };
-        if !collection_exists(db, &source.collection)
-            .await
-            .map_err(err(source))?
-        {
-            continue;
-        }
-        let existing = index_names(db, &source.collection, false)
-            .await
-            .map_err(err(source))?;
-        if existing.contains(TENANT_INDEX) {
+        if shards.index_names(source).await?.contains(TENANT_INDEX) {
             continue;
         }
         if !dry_run {
-            db.run_command(doc! {
-                "createIndexes": &source.collection,
-                "indexes": [{ "key": { &from.tenant_key: 1, "_id": 1 }, "name": TENANT_INDEX }],
-            })
-            .await
-            .map_err(err(source))?;
+            shards
+                .create_index(
+                    source,
+                    doc! { "key": { &from.tenant_key: 1, "_id": 1 }, "name": TENANT_INDEX },
+                )
+                .await?;
         }
         done.push(Prepared {
             location: source.to_string(),
@@ -193,26 +145,55 @@ pub async fn prepare(
     Ok(done)
 }
 
-async fn collection_exists(db: &Database, name: &str) -> mongodb::error::Result<bool> {
-    Ok(!db
-        .list_collection_names()
-        .filter(doc! { "name": name })
-        .await?
-        .is_empty())
+/// What `listCollections` says of each location, read from every shard at once.
+async fn listings(
+    shards: &Shards,
+    locations: &[Location],
+) -> Result<Vec<(Location, Option<Listing>)>, CollectionError> {
+    try_join_all(
+        locations
+            .iter()
+            .map(|location| async move { Ok((location.clone(), shards.listing(location).await?)) }),
+    )
+    .await
 }
 
-async fn index_names(
-    db: &Database,
-    collection: &str,
-    may_be_missing: bool,
-) -> mongodb::error::Result<BTreeSet<String>> {
-    if may_be_missing && !collection_exists(db, collection).await? {
-        return Ok(BTreeSet::new());
-    }
-    Ok(db
-        .collection::<Document>(collection)
-        .list_index_names()
-        .await?
+/// The source's indexes as `createIndexes` takes them: all but `_id`'s and the tenant index.
+fn index_template(specs: Vec<Document>) -> Vec<Document> {
+    specs
         .into_iter()
-        .collect())
+        .filter(|s| {
+            s.get_str("name").ok() != Some("_id_") && s.get_str("name").ok() != Some(TENANT_INDEX)
+        })
+        .map(|mut s| {
+            // `key` and `options` flattened: keep what createIndexes accepts.
+            let mut spec = Document::new();
+            if let Ok(key) = s.get_document("key") {
+                spec.insert("key", key.clone());
+            }
+            if let Some(Ok(options)) = s
+                .remove("options")
+                .map(|o| o.as_document().cloned().ok_or(()))
+            {
+                for (k, v) in options {
+                    if k != "v" && k != "ns" {
+                        spec.insert(k, v);
+                    }
+                }
+            }
+            for k in [
+                "name",
+                "unique",
+                "sparse",
+                "partialFilterExpression",
+                "expireAfterSeconds",
+                "collation",
+            ] {
+                if let Some(v) = s.get(k) {
+                    spec.insert(k, v.clone());
+                }
+            }
+            spec
+        })
+        .collect()
 }

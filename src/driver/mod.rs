@@ -653,7 +653,9 @@ impl Driver {
         Ok(())
     }
 
-    /// Creates the target collections and indexes before routers start reading the target.
+    /// Creates the target collections, with the source's options, and indexes before routers
+    /// start reading the target. A refusal (options reshard cannot carry) is recorded as
+    /// `prepare_failed` too, for whoever follows the log, and changes nothing else.
     async fn prepare(&self, m: &Migration, dry_run: bool) -> Result<()> {
         let prepared = self.prepare_locations(m, dry_run).await;
         if let (Err(e), false) = (&prepared, dry_run) {
@@ -671,9 +673,17 @@ impl Driver {
     async fn prepare_locations(&self, m: &Migration, dry_run: bool) -> Result<()> {
         let (from, to) = self.store.migration_versions(m).await?;
         let shards = self.shards(false).await?;
+        // Options reshard cannot carry are the operator's to change: bad input, like a
+        // version that does not validate; a server that fails is a failure.
         let done = crate::prepare::prepare(&from, &to, &shards, dry_run)
             .await
-            .map_err(|e| Error::failed(crate::redact::redact_uri(&e.to_string())))?;
+            .map_err(|e| match e {
+                crate::prepare::PrepareError::Refused(refused) => Error::bad_input(format!(
+                    "migration {} cannot leave planned: {refused}",
+                    m.id
+                )),
+                e => Error::failed(crate::redact::redact_uri(&e.to_string())),
+            })?;
         for p in &done {
             self.progress.prepared(&p.location, &p.action, dry_run);
         }

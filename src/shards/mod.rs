@@ -3,8 +3,10 @@
 //! [`Shards`] maps each registered shard's name to its database handle and resolves a
 //! [`Location`] to its collection. The router's single-document steps go through
 //! [`command`] (every command carries a deadline), scans and lookups by id through [`read`],
-//! and the workers' bulk writes through [`crate::copy::BulkWriter`] over the same handles.
+//! a collection's listing, creation and indexes through [`collections`], and the workers'
+//! bulk writes through [`crate::copy::BulkWriter`] over the same handles.
 
+pub mod collections;
 pub mod command;
 mod reachability;
 pub mod read;

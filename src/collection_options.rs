@@ -1,0 +1,1425 @@
+//! Which of a collection's options reshard carries to the target collections it creates, and
+//! which make it refuse the migration: a decision over what `listCollections` says of each
+//! location (its `type` and `options`), taken before anything is created ([`crate::prepare`]).
+//!
+//! MongoDB's `create` options (the manual's `create` command), one by one:
+//! - carried to a target reshard creates, and compared on a target that exists: `validator`,
+//!   `validationLevel`, `validationAction`, `collation` (how every query, sort and unique
+//!   index compares strings), `changeStreamPreAndPostImages`, `clusteredIndex` and the
+//!   `expireAfterSeconds` that goes with it;
+//! - carried, not compared: `storageEngine` and `indexOptionDefaults` say how a server stores
+//!   the data, not what the collection holds or how it answers; an operator may choose
+//!   otherwise for a target on new hardware;
+//! - refused: a view (`viewOn`, `pipeline`), a time-series collection (`timeseries`), a capped
+//!   one (`capped`, with `size` and `max`), Queryable Encryption (`encryptedFields`), no `_id`
+//!   index (`autoIndexId: false`): reshard's copies and write protocol cannot reproduce them
+//!   ([`Unmovable`] says why, each);
+//! - ignored: `autoIndexId: true` (the default) and `flags` (MMAPv1's allocation setting,
+//!   which WiredTiger ignores);
+//! - any other option is one reshard cannot judge: it creates no target without it, and keeps
+//!   a target the operator created with the same value.
+//!
+//! A validator is carried only if it lets reshard's own documents through (see
+//! [`ValidatorProblem`]): copies and the application's writes carry `_reshard` and the routing
+//! field, and a delete leaves a tombstone that holds little else. Where the source locations
+//! differ in an option that is compared, the migration is refused: the targets get one set.
+
+use std::fmt;
+
+use mongodb::bson::{Bson, Document};
+
+use crate::envelope::META;
+use crate::routing::{Location, RoutingVersion};
+
+/// What `listCollections` says of one collection: its kind and its options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listing {
+    /// `collection`, `view` or `timeseries`.
+    pub kind: String,
+    pub options: Document,
+}
+
+impl Listing {
+    /// An ordinary collection with `options`.
+    pub fn collection(options: Document) -> Listing {
+        Listing {
+            kind: "collection".to_owned(),
+            options,
+        }
+    }
+
+    /// From one entry of a `listCollections` reply (`type` is missing before MongoDB 3.4:
+    /// those were collections).
+    pub fn from_entry(entry: &Document) -> Listing {
+        Listing {
+            kind: entry.get_str("type").unwrap_or("collection").to_owned(),
+            options: entry.get_document("options").cloned().unwrap_or_default(),
+        }
+    }
+}
+
+/// The fields of the documents reshard writes that a validator has to let through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bookkeeping {
+    /// The target version's: a tombstone in the target carries it.
+    pub tenant_key: String,
+    /// The routing fields of both versions: a copy keeps its source's and gets the target's.
+    pub routing_fields: Vec<String>,
+}
+
+impl Bookkeeping {
+    pub fn of(from: &RoutingVersion, to: &RoutingVersion) -> Bookkeeping {
+        let mut routing_fields: Vec<String> = [from.routing_field(), to.routing_field()]
+            .into_iter()
+            .flatten()
+            .map(str::to_owned)
+            .collect();
+        routing_fields.dedup();
+        Bookkeeping {
+            tenant_key: to.tenant_key.clone(),
+            routing_fields,
+        }
+    }
+
+    /// The fields reshard adds to the application's documents.
+    fn added(&self) -> Vec<&str> {
+        std::iter::once(META)
+            .chain(self.routing_fields.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// Every field a tombstone holds (`envelope::tombstone`).
+    fn tombstone(&self) -> Vec<&str> {
+        ["_id", self.tenant_key.as_str()]
+            .into_iter()
+            .chain(self.routing_fields.iter().map(String::as_str))
+            .chain(std::iter::once(META))
+            .collect()
+    }
+}
+
+/// A kind of collection reshard cannot move, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unmovable {
+    /// A view of another collection.
+    View {
+        on: String,
+    },
+    TimeSeries,
+    Capped,
+    /// Queryable Encryption's `encryptedFields`.
+    Encrypted,
+    /// `autoIndexId: false`.
+    WithoutIdIndex,
+    /// A `type` other than `collection`, `view` and `timeseries`.
+    Other(String),
+}
+
+impl Unmovable {
+    fn what(&self) -> String {
+        match self {
+            Unmovable::View { on } => format!("a view (of {on:?})"),
+            Unmovable::TimeSeries => "a time-series collection".to_owned(),
+            Unmovable::Capped => "a capped collection".to_owned(),
+            Unmovable::Encrypted => {
+                "a collection with Queryable Encryption (encryptedFields)".to_owned()
+            }
+            Unmovable::WithoutIdIndex => "a collection without an _id index".to_owned(),
+            Unmovable::Other(kind) => format!("of type {kind:?}, not a collection"),
+        }
+    }
+
+    fn why(&self) -> &'static str {
+        match self {
+            Unmovable::View { .. } => {
+                "it holds no documents of its own to move. Reshard the collection it reads, \
+                 then define the view again where the application reads it"
+            }
+            Unmovable::TimeSeries => {
+                "MongoDB keeps its documents in buckets, with no unique index on _id and no \
+                 replacement by _id, which reshard's copies and the router's writes are made \
+                 of. Move it with MongoDB's own tools (mongodump and mongorestore, or $out into \
+                 time-series collections laid out as the target version says)"
+            }
+            Unmovable::Capped => {
+                "once full it evicts its oldest documents, so the copies, tombstones and \
+                 application writes reshard puts in it would push out documents nobody \
+                 deleted (and MongoDB cannot shard a capped collection either). Copy it into an \
+                 ordinary collection ($out), rename that into its place (or expire documents \
+                 with a TTL index instead of the cap), and advance again"
+            }
+            Unmovable::Encrypted => {
+                "the metadata of its encrypted fields lives in state collections of its own, \
+                 which reshard's copies do not carry. Move it with a client that decrypts and \
+                 encrypts again"
+            }
+            Unmovable::WithoutIdIndex => {
+                "reshard finds, copies and writes documents by _id and needs it unique. Copy \
+                 it into a collection with an _id index first"
+            }
+            Unmovable::Other(_) => {
+                "reshard moves the documents of ordinary collections only. Move it with \
+                 MongoDB's own tools"
+            }
+        }
+    }
+}
+
+/// Why a source's validator would refuse documents reshard writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValidatorProblem {
+    /// It refuses copies and the application's writes through the router, for their
+    /// `_reshard` or routing field (`why`).
+    RefusesBookkeeping {
+        why: Vec<String>,
+        added: Vec<String>,
+    },
+    /// It refuses tombstones (`why`), which hold only `fields`.
+    RefusesTombstones {
+        why: Vec<String>,
+        fields: Vec<String>,
+    },
+    /// reshard cannot tell whether it accepts a tombstone holding only `fields`.
+    MayRefuseTombstones { fields: Vec<String> },
+}
+
+/// Why the target collections cannot be made (or kept) as the source is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// Source collections of a kind reshard cannot move.
+    Unmovable {
+        locations: Vec<Location>,
+        kind: Unmovable,
+    },
+    /// The sources' validator would refuse documents reshard writes.
+    Validator {
+        locations: Vec<Location>,
+        problem: ValidatorProblem,
+    },
+    /// An option reshard does not know, on sources whose `targets` it would have to create.
+    UnknownOption {
+        locations: Vec<Location>,
+        option: String,
+        targets: Vec<Location>,
+    },
+    /// Two source locations differ in an option the targets would get.
+    SourcesDiffer {
+        option: String,
+        first: Location,
+        first_value: Option<Bson>,
+        other: Location,
+        other_value: Option<Bson>,
+    },
+    /// A target collection exists and is not an ordinary collection.
+    TargetUnmovable { target: Location, kind: Unmovable },
+    /// A target collection exists with another value of an option that matters.
+    TargetDiffers {
+        option: String,
+        source: Location,
+        source_value: Option<Bson>,
+        target: Location,
+        target_value: Option<Bson>,
+    },
+}
+
+/// Every refusal of a migration's collection options, in the order found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refused(pub Vec<Refusal>);
+
+impl std::error::Error for Refused {}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the collection's options cannot be carried to the target, so nothing was created:"
+        )?;
+        for refusal in &self.0 {
+            write!(f, "\n- {refusal}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Unmovable { locations, kind } => write!(
+                f,
+                "{} {} {}: {}",
+                listed(locations),
+                if locations.len() > 1 {
+                    "are each"
+                } else {
+                    "is"
+                },
+                kind.what(),
+                kind.why()
+            ),
+            Refusal::Validator { locations, problem } => {
+                let remedy = "the target gets the same validator";
+                match problem {
+                    ValidatorProblem::RefusesBookkeeping { why, added } => write!(
+                        f,
+                        "{}: the validator would refuse reshard's copies and the application's \
+                         writes through the router: {}. Every document reshard writes carries \
+                         {}; let them through on the source first (collMod), e.g. by adding {} \
+                         to the schema's properties; {remedy}",
+                        listed(locations),
+                        why.join("; "),
+                        fields(added),
+                        added
+                            .iter()
+                            .map(|f| if f == META {
+                                format!("{f}: {{bsonType: \"object\"}}")
+                            } else {
+                                format!("{f}: {{bsonType: \"int\"}}")
+                            })
+                            .collect::<Vec<_>>()
+                            .join(" and ")
+                    ),
+                    ValidatorProblem::RefusesTombstones { why, fields: held } => write!(
+                        f,
+                        "{}: the validator would refuse reshard's tombstones: {}. {}",
+                        listed(locations),
+                        why.join("; "),
+                        tombstone_remedy(held)
+                    ),
+                    ValidatorProblem::MayRefuseTombstones { fields: held } => write!(
+                        f,
+                        "{}: reshard cannot tell whether the validator accepts its tombstones \
+                         (it judges a $jsonSchema's required, properties and \
+                         additionalProperties, and $and and $or of them). {}",
+                        listed(locations),
+                        tombstone_remedy(held)
+                    ),
+                }
+            }
+            Refusal::UnknownOption {
+                locations,
+                option,
+                targets,
+            } => write!(
+                f,
+                "{}: option {option:?} is one reshard does not know, so it creates no target \
+                 collection without it ({}). Create those yourself with the source's options \
+                 (reshard keeps a target that exists when its options match), or drop the \
+                 option from the source",
+                listed(locations),
+                listed(targets)
+            ),
+            Refusal::SourcesDiffer {
+                option,
+                first,
+                first_value,
+                other,
+                other_value,
+            } => write!(
+                f,
+                "the source locations differ in {option:?}: {first} has {}, {other} has {}. \
+                 The target collections get one set of options: make the sources agree \
+                 first, then advance again",
+                shown(first_value),
+                shown(other_value)
+            ),
+            Refusal::TargetUnmovable { target, kind } => write!(
+                f,
+                "{target} exists and is {}; reshard writes a target's documents into an \
+                 ordinary collection: drop it (or name another collection for its shard in \
+                 the target version), then advance again",
+                kind.what()
+            ),
+            Refusal::TargetDiffers {
+                option,
+                source,
+                source_value,
+                target,
+                target_value,
+            } => write!(
+                f,
+                "{target} exists with {option:?} {}, and the source ({source}) has {}: {}. \
+                 Drop the target collection if it holds nothing yet, and reshard creates it as \
+                 the source is; or make it match (collMod; a collation is set only when a \
+                 collection is created)",
+                shown(target_value),
+                shown(source_value),
+                consequence(option)
+            ),
+        }
+    }
+}
+
+fn tombstone_remedy(held: &[String]) -> String {
+    format!(
+        "A delete through the router leaves a tombstone holding only {} in the target (and, \
+         after a rollback, in the source), so the application's deletes would fail. Exempt \
+         tombstones on the source first (collMod): validator {{$or: [{{\"{META}.deleted\": \
+         true}}, <the validator>]}}; the target gets the same validator",
+        fields(held)
+    )
+}
+
+/// What a difference in `option` between a source and its target would change.
+fn consequence(option: &str) -> &'static str {
+    match option {
+        "collation" => {
+            "the two would compare strings differently, in queries, sorts and unique indexes"
+        }
+        "validator" | "validationLevel" | "validationAction" => {
+            "the two would accept different documents"
+        }
+        "changeStreamPreAndPostImages" => {
+            "change streams on the two would not carry the same images"
+        }
+        "clusteredIndex" | "expireAfterSeconds" => {
+            "the two would store and expire documents differently"
+        }
+        _ => "the target would not be what the source is",
+    }
+}
+
+fn listed(locations: &[Location]) -> String {
+    locations
+        .iter()
+        .map(Location::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `_id`, `customerId` and `_reshard`.
+fn fields(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        Some((last, _)) => last.clone(),
+        None => "nothing".to_owned(),
+    }
+}
+
+fn shown(value: &Option<Bson>) -> String {
+    match value {
+        Some(v) => v.to_string(),
+        None => "none".to_owned(),
+    }
+}
+
+/// What reshard does with one option.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Treatment {
+    /// Carried to a target reshard creates and compared on one that exists.
+    Carried,
+    /// Carried to a target reshard creates; not compared (how the data is stored).
+    Stored,
+    /// Neither carried nor compared.
+    Ignored,
+    /// The collection cannot be moved.
+    Unmovable(Unmovable),
+    /// Not known to reshard: not carried; compared on a target that exists.
+    Unknown,
+}
+
+fn treatment(name: &str, value: &Bson, options: &Document) -> Treatment {
+    match name {
+        "validator"
+        | "validationLevel"
+        | "validationAction"
+        | "collation"
+        | "changeStreamPreAndPostImages"
+        | "clusteredIndex"
+        | "expireAfterSeconds" => Treatment::Carried,
+        "storageEngine" | "indexOptionDefaults" => Treatment::Stored,
+        "flags" => Treatment::Ignored,
+        "autoIndexId" if value == &Bson::Boolean(false) => {
+            Treatment::Unmovable(Unmovable::WithoutIdIndex)
+        }
+        "autoIndexId" => Treatment::Ignored,
+        "capped" if truthy(value) => Treatment::Unmovable(Unmovable::Capped),
+        // `size` and `max` mean something only with `capped`, which is judged itself.
+        "capped" | "size" | "max" => Treatment::Ignored,
+        "timeseries" => Treatment::Unmovable(Unmovable::TimeSeries),
+        "viewOn" | "pipeline" => Treatment::Unmovable(Unmovable::View {
+            on: options.get_str("viewOn").unwrap_or("?").to_owned(),
+        }),
+        "encryptedFields" => Treatment::Unmovable(Unmovable::Encrypted),
+        _ => Treatment::Unknown,
+    }
+}
+
+fn truthy(value: &Bson) -> bool {
+    match value {
+        Bson::Boolean(b) => *b,
+        Bson::Int32(n) => *n != 0,
+        Bson::Int64(n) => *n != 0,
+        Bson::Double(n) => *n != 0.0,
+        Bson::Null => false,
+        _ => true,
+    }
+}
+
+/// The kind of a listed collection reshard cannot move, if it is one.
+fn unmovable(listing: &Listing) -> Option<Unmovable> {
+    match listing.kind.as_str() {
+        "collection" => {}
+        "view" => {
+            return Some(Unmovable::View {
+                on: listing.options.get_str("viewOn").unwrap_or("?").to_owned(),
+            })
+        }
+        "timeseries" => return Some(Unmovable::TimeSeries),
+        other => return Some(Unmovable::Other(other.to_owned())),
+    }
+    listing.options.iter().find_map(|(name, value)| {
+        match treatment(name, value, &listing.options) {
+            Treatment::Unmovable(kind) => Some(kind),
+            _ => None,
+        }
+    })
+}
+
+/// The options a target reshard creates gets, as `create` takes them: what the listing says,
+/// which is what `create` was given (MongoDB's listing is made to be created from again, as
+/// mongorestore does), less what is not carried.
+fn create_options(listing: &Listing) -> Document {
+    listing
+        .options
+        .iter()
+        .filter(|(name, value)| {
+            matches!(
+                treatment(name, value, &listing.options),
+                Treatment::Carried | Treatment::Stored
+            )
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
+}
+
+/// The options that two collections must share, with MongoDB's defaults written out so that
+/// what a server lists and what it was given compare equal: no validator is an empty one, a
+/// validator's level and action default to `strict` and `error`, the `simple` collation is no
+/// collation, pre- and post-images not enabled are none.
+fn compared(listing: &Listing) -> Document {
+    let options = &listing.options;
+    let mut out = Document::new();
+    for (name, value) in options {
+        match treatment(name, value, options) {
+            Treatment::Carried | Treatment::Unknown => {}
+            _ => continue,
+        }
+        match name.as_str() {
+            "validator" => {
+                if value.as_document().is_some_and(|v| !v.is_empty()) {
+                    out.insert(name, value.clone());
+                }
+            }
+            // Written out below, with the validator they belong to.
+            "validationLevel" | "validationAction" => {}
+            "collation" => {
+                let simple =
+                    value.as_document().and_then(|c| c.get_str("locale").ok()) == Some("simple");
+                if !simple {
+                    out.insert(name, value.clone());
+                }
+            }
+            "changeStreamPreAndPostImages" => {
+                let enabled = value
+                    .as_document()
+                    .and_then(|c| c.get_bool("enabled").ok())
+                    .unwrap_or(false);
+                if enabled {
+                    out.insert(name, mongodb::bson::doc! { "enabled": true });
+                }
+            }
+            "clusteredIndex" => {
+                // The index version is the server's, not the collection's.
+                let mut spec = value.clone();
+                if let Bson::Document(d) = &mut spec {
+                    d.remove("v");
+                }
+                out.insert(name, spec);
+            }
+            "expireAfterSeconds" => {
+                let seconds = match value {
+                    Bson::Int32(n) => Bson::Int64(i64::from(*n)),
+                    Bson::Double(n) if n.fract() == 0.0 => Bson::Int64(*n as i64),
+                    other => other.clone(),
+                };
+                out.insert(name, seconds);
+            }
+            _ => {
+                out.insert(name, value.clone());
+            }
+        }
+    }
+    if out.contains_key("validator") {
+        let level = options.get_str("validationLevel").unwrap_or("strict");
+        let action = options.get_str("validationAction").unwrap_or("error");
+        out.insert("validationLevel", level);
+        out.insert("validationAction", action);
+    }
+    out
+}
+
+/// The options in which `a` and `b` differ, each with its value on either side, in `a`'s
+/// order and then `b`'s.
+fn differences(a: &Document, b: &Document) -> Vec<(String, Option<Bson>, Option<Bson>)> {
+    let mut out = Vec::new();
+    for (name, value) in a {
+        if b.get(name) != Some(value) {
+            out.push((name.clone(), Some(value.clone()), b.get(name).cloned()));
+        }
+    }
+    for (name, value) in b {
+        if !a.contains_key(name) {
+            out.push((name.clone(), None, Some(value.clone())));
+        }
+    }
+    out
+}
+
+/// Decides what the target collections are created with: the options of the first source
+/// location (`sources` holds the ones that exist, in order), or every reason not to.
+/// `targets` are the target locations that are not source locations too, with their listing
+/// when they exist (a collection both layouts share is a source and stays as it is).
+pub fn decide(
+    sources: &[(Location, Listing)],
+    targets: &[(Location, Option<Listing>)],
+    bookkeeping: &Bookkeeping,
+) -> Result<Document, Refused> {
+    let mut refusals = Vec::new();
+    let missing: Vec<Location> = targets
+        .iter()
+        .filter(|(_, listing)| listing.is_none())
+        .map(|(location, _)| location.clone())
+        .collect();
+
+    // What each source location is: the same finding on several locations is one refusal.
+    let mut unmovable_at: Vec<(Unmovable, Vec<Location>)> = Vec::new();
+    let mut validator_at: Vec<(ValidatorProblem, Vec<Location>)> = Vec::new();
+    let mut unknown_at: Vec<(String, Vec<Location>)> = Vec::new();
+    for (location, listing) in sources {
+        if let Some(kind) = unmovable(listing) {
+            add_at(&mut unmovable_at, kind, location);
+            continue;
+        }
+        for problem in validator_problems(&listing.options, bookkeeping) {
+            add_at(&mut validator_at, problem, location);
+        }
+        if !missing.is_empty() {
+            for (name, value) in &listing.options {
+                if treatment(name, value, &listing.options) == Treatment::Unknown {
+                    add_at(&mut unknown_at, name.clone(), location);
+                }
+            }
+        }
+    }
+    refusals.extend(
+        unmovable_at
+            .into_iter()
+            .map(|(kind, locations)| Refusal::Unmovable { locations, kind }),
+    );
+    refusals.extend(
+        validator_at
+            .into_iter()
+            .map(|(problem, locations)| Refusal::Validator { locations, problem }),
+    );
+    refusals.extend(
+        unknown_at
+            .into_iter()
+            .map(|(option, locations)| Refusal::UnknownOption {
+                locations,
+                option,
+                targets: missing.clone(),
+            }),
+    );
+
+    let Some((first, first_listing)) = sources.first() else {
+        // No source collection exists: the targets start as plain collections, and one that
+        // exists only has to be one.
+        for (target, listing) in targets {
+            if let Some(kind) = listing.as_ref().and_then(unmovable) {
+                refusals.push(Refusal::TargetUnmovable {
+                    target: target.clone(),
+                    kind,
+                });
+            }
+        }
+        return refused_or(refusals, Document::new());
+    };
+    let carried = compared(first_listing);
+    for (other, listing) in &sources[1..] {
+        for (option, first_value, other_value) in differences(&carried, &compared(listing)) {
+            refusals.push(Refusal::SourcesDiffer {
+                option,
+                first: first.clone(),
+                first_value,
+                other: other.clone(),
+                other_value,
+            });
+        }
+    }
+    for (target, listing) in targets {
+        let Some(listing) = listing else {
+            continue;
+        };
+        if let Some(kind) = unmovable(listing) {
+            refusals.push(Refusal::TargetUnmovable {
+                target: target.clone(),
+                kind,
+            });
+            continue;
+        }
+        for (option, source_value, target_value) in differences(&carried, &compared(listing)) {
+            refusals.push(Refusal::TargetDiffers {
+                option,
+                source: first.clone(),
+                source_value,
+                target: target.clone(),
+                target_value,
+            });
+        }
+    }
+    refused_or(refusals, create_options(first_listing))
+}
+
+fn add_at<T: PartialEq>(found: &mut Vec<(T, Vec<Location>)>, what: T, location: &Location) {
+    match found.iter_mut().find(|(w, _)| *w == what) {
+        Some((_, locations)) => locations.push(location.clone()),
+        None => found.push((what, vec![location.clone()])),
+    }
+}
+
+fn refused_or(refusals: Vec<Refusal>, create: Document) -> Result<Document, Refused> {
+    if refusals.is_empty() {
+        Ok(create)
+    } else {
+        Err(Refused(refusals))
+    }
+}
+
+/// What a validator does to one kind of document reshard writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Verdict {
+    Accepts,
+    Refuses(Vec<String>),
+    /// reshard cannot tell.
+    Unknown,
+}
+
+/// The documents reshard writes, as a validator sees them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Written {
+    /// A copy or an application write: the application's fields, `_reshard` and the routing
+    /// field.
+    Live,
+    /// A tombstone: `_id`, the tenant key, the routing field and `_reshard`.
+    Tombstone,
+}
+
+/// Why the validator of a collection with `options` would refuse documents reshard writes.
+/// A validator that only warns, or is off, refuses nothing.
+fn validator_problems(options: &Document, bookkeeping: &Bookkeeping) -> Vec<ValidatorProblem> {
+    let Ok(validator) = options.get_document("validator") else {
+        return Vec::new();
+    };
+    let level = options.get_str("validationLevel").unwrap_or("strict");
+    let action = options.get_str("validationAction").unwrap_or("error");
+    if validator.is_empty() || level == "off" || action == "warn" {
+        return Vec::new();
+    }
+    let added: Vec<String> = bookkeeping.added().into_iter().map(str::to_owned).collect();
+    let held: Vec<String> = bookkeeping
+        .tombstone()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let mut problems = Vec::new();
+    let mut live_why = Vec::new();
+    if let Verdict::Refuses(why) = judge(validator, Written::Live, bookkeeping) {
+        live_why = why.clone();
+        problems.push(ValidatorProblem::RefusesBookkeeping { why, added });
+    }
+    match judge(validator, Written::Tombstone, bookkeeping) {
+        Verdict::Accepts => {}
+        // What live documents are refused for is said once, with them.
+        Verdict::Refuses(why) => {
+            let why: Vec<String> = why.into_iter().filter(|w| !live_why.contains(w)).collect();
+            if !why.is_empty() {
+                problems.push(ValidatorProblem::RefusesTombstones { why, fields: held });
+            }
+        }
+        Verdict::Unknown => problems.push(ValidatorProblem::MayRefuseTombstones { fields: held }),
+    }
+    problems
+}
+
+/// Every part must accept.
+fn all(verdicts: impl IntoIterator<Item = Verdict>) -> Verdict {
+    let mut refused = Vec::new();
+    let mut unknown = false;
+    for verdict in verdicts {
+        match verdict {
+            Verdict::Accepts => {}
+            Verdict::Refuses(why) => refused.extend(why),
+            Verdict::Unknown => unknown = true,
+        }
+    }
+    if !refused.is_empty() {
+        Verdict::Refuses(refused)
+    } else if unknown {
+        Verdict::Unknown
+    } else {
+        Verdict::Accepts
+    }
+}
+
+/// One branch must accept.
+fn any(verdicts: impl IntoIterator<Item = Verdict>) -> Verdict {
+    let mut refused = Vec::new();
+    let mut unknown = false;
+    let mut branches = 0;
+    for verdict in verdicts {
+        branches += 1;
+        match verdict {
+            Verdict::Accepts => return Verdict::Accepts,
+            Verdict::Refuses(why) => refused.extend(why),
+            Verdict::Unknown => unknown = true,
+        }
+    }
+    if unknown || branches == 0 {
+        Verdict::Unknown
+    } else {
+        Verdict::Refuses(refused)
+    }
+}
+
+/// What a validator (a query expression) does to `written`. Only what reshard can judge
+/// without the application's documents is judged: `$and`, `$or`, `$jsonSchema`, and the
+/// tombstones' exemption; a condition on an application field is unknown.
+fn judge(expression: &Document, written: Written, bookkeeping: &Bookkeeping) -> Verdict {
+    all(expression.iter().map(|(key, value)| match key.as_str() {
+        "$and" | "$or" => {
+            let Some(branches) = value.as_array() else {
+                return Verdict::Unknown;
+            };
+            let verdicts = branches.iter().map(|b| match b.as_document() {
+                Some(b) => judge(b, written, bookkeeping),
+                None => Verdict::Unknown,
+            });
+            if key == "$and" {
+                all(verdicts)
+            } else {
+                any(verdicts)
+            }
+        }
+        "$jsonSchema" => match value.as_document() {
+            Some(schema) => judge_schema(schema, written, bookkeeping),
+            None => Verdict::Unknown,
+        },
+        _ if is_tombstone_exemption(key, value) => match written {
+            Written::Tombstone => Verdict::Accepts,
+            Written::Live => {
+                Verdict::Refuses(vec![format!("it accepts only tombstones ({key}: true)")])
+            }
+        },
+        _ => Verdict::Unknown,
+    }))
+}
+
+/// `{"_reshard.deleted": true}` (or `{$eq: true}`, `{$exists: true}`): what tombstones match.
+fn is_tombstone_exemption(key: &str, value: &Bson) -> bool {
+    if key != format!("{META}.deleted") {
+        return false;
+    }
+    match value {
+        Bson::Boolean(true) => true,
+        Bson::Document(d) if d.len() == 1 => {
+            d.get("$eq") == Some(&Bson::Boolean(true)) || d.get("$exists").is_some_and(truthy)
+        }
+        _ => false,
+    }
+}
+
+/// The keywords of a `$jsonSchema` reshard judges; any other one (`allOf`, `maxProperties`,
+/// `patternProperties`, ...) may refuse a document for reasons it cannot tell.
+const JUDGED_KEYWORDS: &[&str] = &[
+    "bsonType",
+    "type",
+    "title",
+    "description",
+    "required",
+    "properties",
+    "additionalProperties",
+];
+
+fn judge_schema(schema: &Document, written: Written, bookkeeping: &Bookkeeping) -> Verdict {
+    let mut verdicts = Vec::new();
+    if schema
+        .keys()
+        .any(|k| !JUDGED_KEYWORDS.contains(&k.as_str()))
+    {
+        verdicts.push(Verdict::Unknown);
+    }
+    if written == Written::Tombstone {
+        let held = bookkeeping.tombstone();
+        let missing: Vec<String> = schema
+            .get_array("required")
+            .map(|r| r.iter().filter_map(Bson::as_str).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|name| !held.contains(name))
+            .map(str::to_owned)
+            .collect();
+        if !missing.is_empty() {
+            verdicts.push(Verdict::Refuses(vec![format!(
+                "its $jsonSchema requires {}",
+                fields(&missing)
+            )]));
+        }
+    }
+    let properties = schema.get_document("properties").ok();
+    let mut unlisted = Vec::new();
+    for field in bookkeeping.added() {
+        match properties.and_then(|p| p.get(field)) {
+            None => unlisted.push(field.to_owned()),
+            Some(spec) => verdicts.push(judge_field(field, spec)),
+        }
+    }
+    if !unlisted.is_empty() {
+        match schema.get("additionalProperties") {
+            Some(Bson::Boolean(false)) => verdicts.push(Verdict::Refuses(vec![format!(
+                "its $jsonSchema allows only the fields it lists (additionalProperties: false), \
+                 and {} {} not among them",
+                fields(&unlisted),
+                if unlisted.len() > 1 { "are" } else { "is" }
+            )])),
+            Some(Bson::Document(_)) => verdicts.push(Verdict::Unknown),
+            _ => {}
+        }
+    }
+    all(verdicts)
+}
+
+/// What a `$jsonSchema`'s properties entry for a field reshard adds does to it: `_reshard` is
+/// an object, a routing field a 32-bit integer.
+fn judge_field(field: &str, spec: &Bson) -> Verdict {
+    let Some(spec) = spec.as_document() else {
+        return Verdict::Unknown;
+    };
+    let (bson_types, json_types, is): (&[&str], &[&str], &str) = if field == META {
+        (&["object"], &["object"], "an object")
+    } else {
+        (
+            &["int", "number"],
+            &["integer", "number"],
+            "a 32-bit integer",
+        )
+    };
+    let mut verdicts = Vec::new();
+    for (keyword, admitted) in [("bsonType", bson_types), ("type", json_types)] {
+        let declared: Vec<&str> = match spec.get(keyword) {
+            None => continue,
+            Some(Bson::String(t)) => vec![t.as_str()],
+            Some(Bson::Array(ts)) => ts.iter().filter_map(Bson::as_str).collect(),
+            Some(_) => {
+                verdicts.push(Verdict::Unknown);
+                continue;
+            }
+        };
+        if !declared.iter().any(|t| admitted.contains(t)) {
+            verdicts.push(Verdict::Refuses(vec![format!(
+                "its $jsonSchema wants `{field}` to be of {keyword} {}, and reshard writes {is}",
+                declared.join(" or ")
+            )]));
+        }
+    }
+    if spec
+        .keys()
+        .any(|k| !["bsonType", "type", "title", "description"].contains(&k.as_str()))
+    {
+        verdicts.push(Verdict::Unknown);
+    }
+    all(verdicts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::bson::doc;
+
+    fn at(shard: &str) -> Location {
+        Location::new(shard, "orders")
+    }
+
+    fn bookkeeping() -> Bookkeeping {
+        Bookkeeping {
+            tenant_key: "customerId".to_owned(),
+            routing_fields: vec!["bucket".to_owned()],
+        }
+    }
+
+    /// The decision for one source at s1 with `options` and a target at s4 to create.
+    fn one_source(options: Document) -> Result<Document, Refused> {
+        decide(
+            &[(at("s1"), Listing::collection(options))],
+            &[(Location::new("s4", "orders_v2"), None)],
+            &bookkeeping(),
+        )
+    }
+
+    fn refusals(options: Document) -> Vec<Refusal> {
+        one_source(options).expect_err("refused").0
+    }
+
+    #[test]
+    fn what_mongodb_lets_a_collection_be_created_with_is_carried() {
+        let options = doc! {
+            "validator": { "$jsonSchema": {
+                "bsonType": "object",
+                "required": ["customerId"],
+                "properties": { "total": { "bsonType": "number" } },
+            } },
+            "validationLevel": "moderate",
+            "validationAction": "error",
+            "collation": { "locale": "fr", "strength": 2 },
+            "changeStreamPreAndPostImages": { "enabled": true },
+            "storageEngine": { "wiredTiger": { "configString": "block_compressor=zstd" } },
+            "indexOptionDefaults": { "storageEngine": { "wiredTiger": {} } },
+            "flags": 1,
+            "autoIndexId": true,
+        };
+        let mut carried = options.clone();
+        carried.remove("flags");
+        carried.remove("autoIndexId");
+        assert_eq!(one_source(options), Ok(carried));
+    }
+
+    #[test]
+    fn a_clustered_collection_is_carried_with_its_expiry() {
+        let options = doc! {
+            "clusteredIndex": { "v": 2, "key": { "_id": 1 }, "name": "_id_", "unique": true },
+            "expireAfterSeconds": 3600_i64,
+        };
+        assert_eq!(one_source(options.clone()), Ok(options));
+    }
+
+    #[test]
+    fn a_collection_without_options_is_created_plain() {
+        assert_eq!(one_source(doc! {}), Ok(doc! {}));
+        assert_eq!(
+            decide(
+                &[],
+                &[(Location::new("s4", "orders_v2"), None)],
+                &bookkeeping()
+            ),
+            Ok(doc! {})
+        );
+    }
+
+    #[test]
+    fn collections_reshard_cannot_reproduce_are_refused_with_why() {
+        let cases = [
+            (
+                doc! { "capped": true, "size": 4096, "max": 10 },
+                Unmovable::Capped,
+            ),
+            (
+                doc! { "timeseries": { "timeField": "t", "granularity": "hours" } },
+                Unmovable::TimeSeries,
+            ),
+            (
+                doc! { "encryptedFields": { "fields": [] } },
+                Unmovable::Encrypted,
+            ),
+            (doc! { "autoIndexId": false }, Unmovable::WithoutIdIndex),
+        ];
+        for (options, kind) in cases {
+            assert_eq!(
+                refusals(options.clone()),
+                [Refusal::Unmovable {
+                    locations: vec![at("s1")],
+                    kind
+                }],
+                "{options}"
+            );
+        }
+        // `capped: false`, with sizes a server may still list, is an ordinary collection.
+        assert_eq!(
+            one_source(doc! { "capped": false, "size": 4096 }),
+            Ok(doc! {})
+        );
+        let view = Listing {
+            kind: "view".to_owned(),
+            options: doc! { "viewOn": "raw_orders", "pipeline": [] },
+        };
+        let timeseries = Listing {
+            kind: "timeseries".to_owned(),
+            options: doc! {},
+        };
+        for (listing, kind) in [
+            (
+                view,
+                Unmovable::View {
+                    on: "raw_orders".to_owned(),
+                },
+            ),
+            (timeseries, Unmovable::TimeSeries),
+        ] {
+            assert_eq!(
+                decide(&[(at("s1"), listing)], &[], &bookkeeping()),
+                Err(Refused(vec![Refusal::Unmovable {
+                    locations: vec![at("s1")],
+                    kind
+                }]))
+            );
+        }
+    }
+
+    #[test]
+    fn a_refusal_says_where_why_and_what_to_do() {
+        let refused = decide(
+            &[
+                (
+                    at("s1"),
+                    Listing::collection(doc! { "capped": true, "size": 4096 }),
+                ),
+                (
+                    at("s2"),
+                    Listing::collection(doc! { "capped": true, "size": 4096 }),
+                ),
+            ],
+            &[],
+            &bookkeeping(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "the collection's options cannot be carried to the target, so nothing was \
+             created:\n- s1/orders, s2/orders are each a capped collection: once full it \
+             evicts its oldest documents, so the copies, tombstones and application writes \
+             reshard puts in it would push out documents nobody deleted (and MongoDB cannot \
+             shard a capped collection either). Copy it into an ordinary collection ($out), \
+             rename that into its place (or expire documents with a TTL index instead of the \
+             cap), and advance again"
+        );
+    }
+
+    #[test]
+    fn an_unknown_option_is_refused_only_where_reshard_would_create_the_target() {
+        let options = doc! { "recordIdsReplicated": true };
+        assert_eq!(
+            refusals(options.clone()),
+            [Refusal::UnknownOption {
+                locations: vec![at("s1")],
+                option: "recordIdsReplicated".to_owned(),
+                targets: vec![Location::new("s4", "orders_v2")],
+            }]
+        );
+        // A target the operator created with the same option is kept; one without it is not.
+        let sources = [(at("s1"), Listing::collection(options.clone()))];
+        let target = Location::new("s4", "orders_v2");
+        assert_eq!(
+            decide(
+                &sources,
+                &[(target.clone(), Some(Listing::collection(options)))],
+                &bookkeeping()
+            ),
+            Ok(doc! {})
+        );
+        assert_eq!(
+            decide(
+                &sources,
+                &[(target.clone(), Some(Listing::collection(doc! {})))],
+                &bookkeeping()
+            ),
+            Err(Refused(vec![Refusal::TargetDiffers {
+                option: "recordIdsReplicated".to_owned(),
+                source: at("s1"),
+                source_value: Some(Bson::Boolean(true)),
+                target,
+                target_value: None,
+            }]))
+        );
+    }
+
+    #[test]
+    fn sources_that_differ_are_refused_with_the_difference_named() {
+        let fr = doc! { "collation": { "locale": "fr", "strength": 2 } };
+        let refused = decide(
+            &[
+                (at("s1"), Listing::collection(fr.clone())),
+                (at("s2"), Listing::collection(fr.clone())),
+                (at("s3"), Listing::collection(doc! {})),
+            ],
+            &[],
+            &bookkeeping(),
+        );
+        assert_eq!(
+            refused,
+            Err(Refused(vec![Refusal::SourcesDiffer {
+                option: "collation".to_owned(),
+                first: at("s1"),
+                first_value: fr.get("collation").cloned(),
+                other: at("s3"),
+                other_value: None,
+            }]))
+        );
+        let shown = refused.unwrap_err().to_string();
+        assert!(
+            shown.contains(
+                "the source locations differ in \"collation\": s1/orders has { \"locale\": \
+                 \"fr\", \"strength\": 2 }, s3/orders has none"
+            ),
+            "{shown}"
+        );
+        // How the sources store their data may differ: the first one's is carried.
+        let zstd =
+            doc! { "storageEngine": { "wiredTiger": { "configString": "block_compressor=zstd" } } };
+        assert_eq!(
+            decide(
+                &[
+                    (at("s1"), Listing::collection(zstd.clone())),
+                    (at("s2"), Listing::collection(doc! {})),
+                ],
+                &[],
+                &bookkeeping()
+            ),
+            Ok(zstd)
+        );
+    }
+
+    #[test]
+    fn defaults_written_out_or_left_out_are_the_same_options() {
+        let given = doc! {
+            "validator": { "status": { "$exists": true }, "_reshard.deleted": { "$exists": true } },
+            "collation": { "locale": "simple" },
+            "changeStreamPreAndPostImages": { "enabled": false },
+            "clusteredIndex": { "key": { "_id": 1 }, "unique": true },
+            "expireAfterSeconds": 60,
+        };
+        let listed = doc! {
+            "validator": { "_reshard.deleted": { "$exists": true }, "status": { "$exists": true } },
+            "validationLevel": "strict",
+            "validationAction": "error",
+            "clusteredIndex": { "v": 2, "key": { "_id": 1 }, "unique": true },
+            "expireAfterSeconds": 60_i64,
+        };
+        assert_eq!(
+            compared(&Listing::collection(given)),
+            compared(&Listing::collection(listed))
+        );
+    }
+
+    #[test]
+    fn an_existing_target_is_checked_against_the_source() {
+        let source = doc! {
+            "collation": { "locale": "fr", "strength": 2 },
+            "storageEngine": { "wiredTiger": { "configString": "block_compressor=zstd" } },
+        };
+        let target = Location::new("s4", "orders_v2");
+        let check = |target_options: Document| {
+            decide(
+                &[(at("s1"), Listing::collection(source.clone()))],
+                &[(target.clone(), Some(Listing::collection(target_options)))],
+                &bookkeeping(),
+            )
+        };
+        // The same collation, stored otherwise: kept.
+        assert!(check(doc! { "collation": { "locale": "fr", "strength": 2 } }).is_ok());
+        let refused = check(doc! { "collation": { "locale": "en" } }).unwrap_err();
+        assert_eq!(
+            refused.0,
+            [Refusal::TargetDiffers {
+                option: "collation".to_owned(),
+                source: at("s1"),
+                source_value: source.get("collation").cloned(),
+                target: target.clone(),
+                target_value: Some(Bson::Document(doc! { "locale": "en" })),
+            }]
+        );
+        assert!(
+            refused
+                .to_string()
+                .contains("compare strings differently, in queries, sorts and unique indexes"),
+            "{refused}"
+        );
+        // A validator the source does not have is a difference too.
+        assert_eq!(
+            check(doc! {
+                "collation": { "locale": "fr", "strength": 2 },
+                "validator": { "status": { "$exists": true } },
+                "validationAction": "warn",
+            })
+            .unwrap_err()
+            .0
+            .iter()
+            .map(|r| match r {
+                Refusal::TargetDiffers { option, .. } => option.as_str(),
+                other => panic!("{other:?}"),
+            })
+            .collect::<Vec<_>>(),
+            ["validator", "validationLevel", "validationAction"]
+        );
+        assert_eq!(
+            check(doc! { "capped": true, "size": 4096 }).unwrap_err().0,
+            [Refusal::TargetUnmovable {
+                target,
+                kind: Unmovable::Capped
+            }]
+        );
+    }
+
+    fn schema_validator(schema: Document) -> Document {
+        doc! { "validator": { "$jsonSchema": schema } }
+    }
+
+    #[test]
+    fn a_validator_that_forbids_reshard_fields_is_refused() {
+        let closed = doc! {
+            "bsonType": "object",
+            "additionalProperties": false,
+            "properties": { "_id": {}, "customerId": { "bsonType": "string" } },
+        };
+        let found = refusals(schema_validator(closed.clone()));
+        assert_eq!(
+            found,
+            [Refusal::Validator {
+                locations: vec![at("s1")],
+                problem: ValidatorProblem::RefusesBookkeeping {
+                    why: vec!["its $jsonSchema allows only the fields it lists \
+                               (additionalProperties: false), and `_reshard` and `bucket` are \
+                               not among them"
+                        .to_owned()],
+                    added: vec!["_reshard".to_owned(), "bucket".to_owned()],
+                },
+            }]
+        );
+        assert!(
+            found[0].to_string().contains(
+                "e.g. by adding _reshard: {bsonType: \"object\"} and bucket: {bsonType: \"int\"} \
+                 to the schema's properties"
+            ),
+            "{}",
+            found[0]
+        );
+        // Listing reshard's fields lets its documents through.
+        let mut open = closed.clone();
+        open.get_document_mut("properties").unwrap().extend(doc! {
+            "_reshard": { "bsonType": "object" },
+            "bucket": { "bsonType": ["int", "long"] },
+        });
+        assert!(one_source(schema_validator(open.clone())).is_ok());
+        // ... unless it wants them of another type.
+        let mut wrong = open;
+        wrong
+            .get_document_mut("properties")
+            .unwrap()
+            .insert("bucket", doc! { "bsonType": "string" });
+        assert!(matches!(
+            &refusals(schema_validator(wrong))[..],
+            [Refusal::Validator { problem: ValidatorProblem::RefusesBookkeeping { why, .. }, .. }]
+                if why == &["its $jsonSchema wants `bucket` to be of bsonType string, and \
+                             reshard writes a 32-bit integer"]
+        ));
+        // A validator that only warns, or is off, refuses nothing.
+        for (level, action) in [("strict", "warn"), ("off", "error")] {
+            let mut options = schema_validator(closed.clone());
+            options.insert("validationLevel", level);
+            options.insert("validationAction", action);
+            assert!(one_source(options).is_ok(), "{level} {action}");
+        }
+    }
+
+    #[test]
+    fn a_validator_that_refuses_tombstones_is_refused_unless_it_exempts_them() {
+        let required = doc! {
+            "bsonType": "object",
+            "required": ["_id", "customerId", "status", "total"],
+        };
+        assert_eq!(
+            refusals(schema_validator(required.clone())),
+            [Refusal::Validator {
+                locations: vec![at("s1")],
+                problem: ValidatorProblem::RefusesTombstones {
+                    why: vec!["its $jsonSchema requires `status` and `total`".to_owned()],
+                    fields: ["_id", "customerId", "bucket", "_reshard"]
+                        .map(str::to_owned)
+                        .to_vec(),
+                },
+            }]
+        );
+        // What reshard cannot judge may refuse a tombstone: refused, with the same remedy.
+        let query = doc! { "validator": { "status": { "$in": ["open", "paid"] } } };
+        let found = refusals(query);
+        assert!(
+            matches!(
+                &found[..],
+                [Refusal::Validator {
+                    problem: ValidatorProblem::MayRefuseTombstones { .. },
+                    ..
+                }]
+            ),
+            "{found:?}"
+        );
+        assert!(
+            found[0]
+                .to_string()
+                .contains("validator {$or: [{\"_reshard.deleted\": true}, <the validator>]}"),
+            "{}",
+            found[0]
+        );
+        // Exempted, both are carried as they are.
+        for validator in [
+            doc! { "$or": [ { "_reshard.deleted": true }, { "$jsonSchema": required.clone() } ] },
+            doc! { "$or": [
+                { "status": { "$in": ["open", "paid"] } },
+                { "_reshard.deleted": { "$exists": true } },
+            ] },
+        ] {
+            let options = doc! { "validator": validator };
+            assert_eq!(one_source(options.clone()), Ok(options));
+        }
+        // A required field a tombstone holds is no problem.
+        assert!(one_source(schema_validator(doc! { "required": ["customerId"] })).is_ok());
+    }
+
+    #[test]
+    fn the_same_problem_on_several_sources_is_one_refusal() {
+        let options = doc! { "validator": { "status": { "$exists": true } } };
+        let sources: Vec<(Location, Listing)> = ["s1", "s2", "s3"]
+            .into_iter()
+            .map(|s| (at(s), Listing::collection(options.clone())))
+            .collect();
+        assert_eq!(
+            decide(&sources, &[], &bookkeeping()).unwrap_err().0,
+            [Refusal::Validator {
+                locations: vec![at("s1"), at("s2"), at("s3")],
+                problem: ValidatorProblem::MayRefuseTombstones {
+                    fields: ["_id", "customerId", "bucket", "_reshard"]
+                        .map(str::to_owned)
+                        .to_vec(),
+                },
+            }]
+        );
+    }
+
+    #[test]
+    fn a_listing_entry_gives_its_kind_and_options() {
+        let entry = doc! {
+            "name": "orders",
+            "type": "timeseries",
+            "options": { "timeseries": { "timeField": "t" } },
+            "info": { "readOnly": false },
+        };
+        assert_eq!(
+            Listing::from_entry(&entry),
+            Listing {
+                kind: "timeseries".to_owned(),
+                options: doc! { "timeseries": { "timeField": "t" } },
+            }
+        );
+        assert_eq!(
+            Listing::from_entry(&doc! { "name": "orders" }),
+            Listing::collection(doc! {})
+        );
+    }
+}
