@@ -699,8 +699,9 @@ impl Router {
 /// store that cannot be reached, or [`RouterConfig::connect_deadline`] has passed. Each attempt
 /// first checks that the store answers ([`Store::check_reachable`], which says why it does
 /// not, where the pool would only time out); the next one starts after an exponential backoff
-/// with jitter (from a quarter of a second, doubling, at most 5 s), announced by a warning with
-/// the reason. An attempt still running at the deadline is cut short.
+/// with jitter (a quarter of a second, doubling up to 4 s, each wait lengthened by up to as
+/// much again at random, so that routers restarted together do not try together), announced
+/// by a warning with the reason. An attempt still running at the deadline is cut short.
 async fn starting<F, Fut>(
     store: &Store,
     config: &RouterConfig,
@@ -730,7 +731,7 @@ where
     let backoff = ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(Duration::from_millis(250))
-        .with_max_delay(Duration::from_secs(5))
+        .with_max_delay(Duration::from_secs(4))
         .without_max_times();
     let retrying = once
         .retry(backoff)
