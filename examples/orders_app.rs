@@ -81,6 +81,11 @@ struct Args {
     /// count a killed instance out quickly (fault tests).
     #[arg(long, value_parser = reshard::duration::parse)]
     router_lease: Option<Duration>,
+    /// How long the router waits for the state store when the service starts while it is
+    /// down (default: the library's two minutes); `0s` fails at once. The service serves
+    /// nothing before the router has loaded the migration's phase.
+    #[arg(long, value_parser = reshard::duration::parse)]
+    connect_deadline: Option<Duration>,
     /// The prefix of this instance's order ids (`<prefix><worker>-<n>`): instances that run
     /// one after another on one collection need different prefixes.
     #[arg(long, default_value = "w")]
@@ -541,6 +546,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     config.heartbeat_interval = Duration::from_millis(500);
     if let Some(lease) = args.router_lease {
         config.lease_ttl = lease;
+    }
+    if let Some(deadline) = args.connect_deadline {
+        config.connect_deadline = (!deadline.is_zero()).then_some(deadline);
     }
     let router = Router::connect(&args.database_url, &args.collection, config).await?;
     if args.check {

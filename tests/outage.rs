@@ -685,3 +685,163 @@ async fn a_silent_router_holds_phase_changes_until_its_deadline_and_is_forgotten
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no router"));
 }
+
+/// What a future logs at warn and above, wherever it is polled
+/// (`tracing::instrument::WithSubscriber`).
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<u8>>>);
+
+impl Logged {
+    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
+        tracing_subscriber::fmt()
+            .with_writer(self.clone())
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .finish()
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+    type Writer = Logged;
+    fn make_writer(&'a self) -> Logged {
+        self.clone()
+    }
+}
+
+/// The state store's URL with a password in it, which its `trust` authentication ignores and
+/// no log line or error may show.
+const PASSWORD: &str = "s3cret-pw";
+
+fn url_with_password(w: &World) -> String {
+    w.db.private()
+        .url()
+        .replacen("postgres@", &format!("postgres:{PASSWORD}@"), 1)
+}
+
+/// Item 4: an application that starts while its state store is down (here through
+/// `Router::connect`, as the example application does) waits for the store, warning at each
+/// attempt with the reason and without the password, and serves once the router has loaded
+/// the phase; it never serves before. Before, `Router::connect` failed as soon as the pool
+/// gave up waiting for a connection (10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_starting_while_the_state_store_is_down_waits_for_it_and_then_serves() {
+    use tracing::instrument::WithSubscriber;
+    let w = World::start_private().await;
+    let pg = w.db.private().clone();
+    let url = url_with_password(&w);
+    pg.stop().await;
+    let logged = Logged::default();
+    let started = Instant::now();
+    let connecting = tokio::spawn(
+        async move { Router::connect(&url, "orders", app_config("late-app")).await }
+            .with_subscriber(logged.subscriber()),
+    );
+    // Longer than the pool's own wait for a connection (10 s): the router's patience shows,
+    // not the pool's.
+    let outage = Duration::from_secs(14);
+    tokio::time::sleep(outage).await;
+    assert!(
+        !connecting.is_finished(),
+        "the router waits for the state store: {:?}",
+        if connecting.is_finished() {
+            Some(connecting.await.unwrap().err())
+        } else {
+            None
+        }
+    );
+    pg.start_again().await;
+    let router = connecting
+        .await
+        .unwrap()
+        .expect("the router starts once the store is back");
+    let waited = started.elapsed();
+    // It serves, on the phase it loaded, and follows the migration from there.
+    assert_eq!(router.snapshot().await.phase, Phase::Planned);
+    router
+        .insert(doc! { "_id": "late-1", "customerId": HOT, "n": 1 })
+        .await
+        .unwrap();
+    let read = router.get(HOT, "late-1").await.unwrap();
+    assert_eq!(read.and_then(|d| d.get_i32("n").ok()), Some(1));
+    w.advance(&[&router], &[Phase::DualRead]).await;
+    router.shutdown().await;
+
+    let log = logged.text();
+    let attempts = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("cannot reach the state store"))
+        .count();
+    assert!(attempts >= 2, "a warning at each attempt: {log}");
+    assert!(
+        log.contains(&format!("127.0.0.1:{}", pg.port())) && log.contains("late-app"),
+        "the warnings name the store and the router: {log}"
+    );
+    assert!(!log.contains(PASSWORD), "a password in the log: {log}");
+    eprintln!(
+        "[outage] a router started during a {outage:?} outage: {attempts} warnings, serving \
+         {waited:?} after it started; the first: {}",
+        log.lines().next().unwrap_or_default()
+    );
+}
+
+/// With a deadline shorter than the outage, the start fails by the deadline, naming the
+/// deadline and the last reason, never the password; with no deadline it fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_whose_start_deadline_passes_before_the_store_is_back_fails_naming_it() {
+    let w = World::start_private().await;
+    let pg = w.db.private().clone();
+    let url = url_with_password(&w);
+    pg.stop().await;
+
+    let mut config = app_config("impatient-app");
+    config.connect_deadline = Some(Duration::from_secs(3));
+    let started = Instant::now();
+    let failed = Router::connect(&url, "orders", config).await.err();
+    let took = started.elapsed();
+    let Some(e @ RouterError::StoreUnreachable { .. }) = failed else {
+        panic!("the start must fail for want of the state store: {failed:?}");
+    };
+    let message = e.to_string();
+    assert!(message.contains("within 3s"), "the deadline: {message}");
+    assert!(
+        message.contains(&format!(
+            "cannot reach the state store postgres://postgres:***@127.0.0.1:{}",
+            pg.port()
+        )),
+        "the last reason: {message}"
+    );
+    assert!(!message.contains(PASSWORD), "{message}");
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(6),
+        "it gives up by its deadline: {took:?}"
+    );
+
+    let mut config = app_config("fail-fast-app");
+    config.connect_deadline = None;
+    let started = Instant::now();
+    let failed = Router::connect(&url, "orders", config).await.err();
+    assert!(
+        matches!(&failed, Some(RouterError::Store(e)) if e.is_unavailable()),
+        "{failed:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "one attempt, at once: {:?}",
+        started.elapsed()
+    );
+    pg.start_again().await;
+}

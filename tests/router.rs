@@ -1299,3 +1299,113 @@ async fn a_router_shutting_down_drains_its_operations_before_it_deregisters() {
     let doc = source.find_one(doc! { "_id": &oid }).await.unwrap();
     assert_eq!(total(&doc), Some(2));
 }
+
+/// The router's shards through a client of its own whose monitor checks the server only once a
+/// minute: a restart of the server then goes unnoticed until a command finds its pooled
+/// connection closed (as a connection the server closed while it sat idle would be).
+async fn shards_noticing_late(w: &World) -> std::collections::HashMap<String, mongodb::Database> {
+    let client =
+        mongodb::Client::with_uri_str(format!("{}&heartbeatFrequencyMS=60000", w.server.uri()))
+            .await
+            .unwrap();
+    w.shards
+        .iter()
+        .map(|(name, db)| (name.clone(), client.database(db.name())))
+        .collect()
+}
+
+/// Item 6 of the resilience issue (a router's step after a ~35 s stall failed with a broken pipe: the server
+/// had closed the pooled connection). The server closes the router's pooled connection between
+/// a read and an insert (it restarts, and the driver's monitor does not notice in time); the
+/// insert, larger than the driver's write buffer, finds the connection closed while it is
+/// being written (a broken pipe: nothing of it was received), and is sent again on a fresh
+/// connection instead of failing. Before the fix the application got "MongoDB: the server
+/// closed the connection".
+#[tokio::test]
+async fn a_write_that_finds_its_pooled_connection_closed_is_sent_again_on_a_fresh_one() {
+    let w = Arc::new(world().await);
+    let oid = w.moving_id("closed");
+    let (hook, fired) = {
+        let w = w.clone();
+        before_once("insert", Side::Source, Some("app"), move || {
+            let w = w.clone();
+            async move { w.server.restart().await }.boxed()
+        })
+    };
+    let mut cfg = config("reconnecting-api");
+    cfg.step_hook = Some(hook);
+    let shards = shards_noticing_late(&w).await;
+    let router = Router::with_shards(w.store.clone(), "orders", cfg, shards)
+        .await
+        .unwrap();
+    // The read leaves a connection in the router's pool; the insert takes it.
+    assert_eq!(router.get(HOT, &oid).await.unwrap(), None);
+    let note = "n".repeat(20_000);
+    let inserted = router
+        .insert(doc! { "_id": &oid, "customerId": HOT, "total": 1, "note": &note })
+        .await;
+    assert!(fired.load(Ordering::SeqCst), "the server never restarted");
+    inserted.expect("the insert is sent again on a fresh connection");
+    let stored = router.get(HOT, &oid).await.unwrap().expect("inserted");
+    assert_eq!(stored.get_str("note").unwrap(), note);
+    let copies = w
+        .coll(&w.v1, HOT, &oid)
+        .count_documents(doc! { "_id": &oid })
+        .await
+        .unwrap();
+    assert_eq!(copies, 1);
+    router.shutdown().await;
+}
+
+/// A read whose connection the server closed after receiving it is sent again: a read changes
+/// nothing however often it arrives. Before, the application's read failed.
+#[tokio::test]
+async fn a_read_whose_connection_was_closed_is_sent_again() {
+    let w = World::start_with_failpoints().await;
+    let oid = w.staying_id("read");
+    w.seed(HOT, &oid, 7).await;
+    let router = w.router(config("reading-api")).await;
+    w.server
+        .fail_command(serde_json::json!({
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["find"], "closeConnection": true },
+        }))
+        .await;
+    let read = router.get(HOT, &oid).await;
+    w.server.clear_failpoint().await;
+    assert_eq!(total(&read.expect("the read is sent again")), Some(7));
+    router.shutdown().await;
+}
+
+/// A write whose connection failed once the server may have received it is not sent again:
+/// its outcome is unknown (here the server closed the connection without running it; a
+/// second send would have deleted the document after the application was told the delete
+/// failed). The application gets the failure, and the document is still there.
+#[tokio::test]
+async fn a_write_that_may_have_reached_the_server_is_not_sent_again() {
+    let w = World::start_with_failpoints().await;
+    let oid = w.staying_id("unsure");
+    w.seed(HOT, &oid, 1).await;
+    let router = w.router(config("unsure-api")).await;
+    w.server
+        .fail_command(serde_json::json!({
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["delete"], "closeConnection": true },
+        }))
+        .await;
+    let deleted = router.delete(HOT, &oid).await;
+    w.server.clear_failpoint().await;
+    assert!(
+        matches!(deleted, Err(RouterError::Mongo(_))),
+        "the connection's failure reaches the application: {deleted:?}"
+    );
+    let source = w.coll(&w.v1, HOT, &oid);
+    assert_eq!(
+        total(&source.find_one(doc! { "_id": &oid }).await.unwrap()),
+        Some(1),
+        "the delete was not sent again"
+    );
+    // The next delete goes out on a fresh connection.
+    assert!(router.delete(HOT, &oid).await.unwrap());
+    router.shutdown().await;
+}

@@ -218,6 +218,80 @@ fn is_id_pattern(pattern: &Document) -> bool {
     pattern.len() == 1 && pattern.contains_key("_id")
 }
 
+/// Whether a command that failed can have reached its server, and so been applied.
+///
+/// MongoDB's retryable-writes rules are the model: a write whose first attempt may have been
+/// received may be sent again only with a transaction number the server deduplicates it by,
+/// which the router's raw commands do not carry; a write that certainly was not received may
+/// be sent again as it is. The driver does not say which phase of a command failed, so this
+/// is read from the error's kind and, for an I/O error, the kind of the system call's error,
+/// never from a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// No server could be selected (or its name resolved): nothing was sent.
+    NoServer,
+    /// The connection was found closed while the command was being written: a broken pipe
+    /// (`EPIPE`) comes from a send, never from a receive, and only once the peer has reset
+    /// the connection, so the message did not leave whole, and a server executes no partial
+    /// message. This is what a pooled connection the server closed while it sat idle gives
+    /// when the reset arrived before the write (a command larger than the driver's 8 KiB
+    /// write buffer is written in two sends, and the first one draws the reset).
+    NotSent,
+    /// The connection failed once the whole command may have been written: the server closed
+    /// or reset it (a reset is also what a send into a reset connection reports first, but
+    /// it cannot be told apart from a reset while the answer was read), a timeout, a pool
+    /// cleared while the command ran, a reply that could not be read. The command may have
+    /// been received and applied.
+    MayHaveArrived,
+    /// The server answered (a command or write error), or the driver refused the command
+    /// before sending it (an invalid argument, a failed authentication): what happened is
+    /// known, and sending it again changes nothing.
+    Settled,
+}
+
+/// Where a command that failed with `error` got to ([`Delivery`]).
+pub fn delivery(error: &mongodb::error::Error) -> Delivery {
+    match error.kind.as_ref() {
+        ErrorKind::ServerSelection { .. } | ErrorKind::DnsResolve { .. } => Delivery::NoServer,
+        ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::BrokenPipe => Delivery::NotSent,
+        ErrorKind::Command(_)
+        | ErrorKind::Write(_)
+        | ErrorKind::InsertMany(_)
+        | ErrorKind::BulkWrite(_)
+        | ErrorKind::Authentication { .. }
+        | ErrorKind::InvalidArgument { .. } => Delivery::Settled,
+        _ => match source_error(error) {
+            Some(source) => delivery(source),
+            // Whatever else failed, nothing says the command did not arrive.
+            None => Delivery::MayHaveArrived,
+        },
+    }
+}
+
+/// Whether a router's protocol step whose command failed so may be sent once more, on a
+/// fresh connection and within the step's deadline.
+///
+/// - A read (`find`) after any failed connection: it changes nothing however often it
+///   arrives (MongoDB's retryable reads do the same).
+/// - A write only when it certainly did not reach its server ([`Delivery::NotSent`]). The
+///   server then sees it once, later than the router planned, which is what a first send held
+///   up in transit does, and what the protocol's steps are built for: each names the state it
+///   acts on (insert-if-absent by the unique `_id`, replace by revision, update or delete of
+///   the live document, a mirror only over an older revision) and applies to what holds when
+///   it lands.
+/// - Never after an answer ([`Delivery::Settled`]), after a failure that may have reached the
+///   server with a write (its outcome is unknown: a second send could apply it twice, or
+///   apply it after the application was told it failed), nor when no server could be
+///   selected (the driver waited its selection timeout already, and does not retry that
+///   either).
+pub fn may_send_again(delivery: Delivery, read: bool) -> bool {
+    match delivery {
+        Delivery::NotSent => true,
+        Delivery::MayHaveArrived => read,
+        Delivery::NoServer | Delivery::Settled => false,
+    }
+}
+
 /// What one command's reply (`ok: 1`) says about its statements.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReplyOutcome {
@@ -632,5 +706,81 @@ mod tests {
     fn reply_indices_out_of_range_are_ignored() {
         let reply = doc! { "n": 0, "ok": 1, "writeErrors": [ { "index": 9, "code": 121, "errmsg": "x" }, { "code": 121 } ] };
         assert!(failures_from_reply(&reply, 2).failures.is_empty());
+    }
+
+    fn io_error(kind: std::io::ErrorKind, message: &str) -> mongodb::error::Error {
+        mongodb::error::Error::from(std::io::Error::new(kind, message.to_owned()))
+    }
+
+    #[test]
+    fn only_a_broken_pipe_says_a_command_did_not_leave() {
+        use std::io::ErrorKind as Io;
+        let cases = [
+            (Io::BrokenPipe, Delivery::NotSent),
+            // The server closed the connection after the command was written: it may have
+            // run it (a failpoint's `closeConnection` does exactly that, without running it).
+            (Io::UnexpectedEof, Delivery::MayHaveArrived),
+            // A reset is reported by a send and by a receive alike.
+            (Io::ConnectionReset, Delivery::MayHaveArrived),
+            (Io::ConnectionAborted, Delivery::MayHaveArrived),
+            (Io::TimedOut, Delivery::MayHaveArrived),
+        ];
+        for (kind, expected) in cases {
+            assert_eq!(delivery(&io_error(kind, "x")), expected, "{kind:?}");
+        }
+        // The message is never read.
+        assert_eq!(
+            delivery(&io_error(Io::Other, "Broken pipe (os error 32)")),
+            Delivery::MayHaveArrived
+        );
+        assert_eq!(
+            delivery(&mongodb::error::Error::custom("anything")),
+            Delivery::MayHaveArrived
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_before_sending_is_settled_and_no_server_is_no_server() {
+        let refused = mongodb::options::ClientOptions::parse("mongodb://127.0.0.1:notaport")
+            .await
+            .unwrap_err();
+        assert_eq!(delivery(&refused), Delivery::Settled);
+
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let client = mongodb::Client::with_uri_str(format!(
+            "mongodb://127.0.0.1:{port}/?serverSelectionTimeoutMS=200&directConnection=true"
+        ))
+        .await
+        .unwrap();
+        let none = client
+            .database("admin")
+            .run_command(doc! { "ping": 1 })
+            .await
+            .unwrap_err();
+        assert_eq!(delivery(&none), Delivery::NoServer);
+    }
+
+    #[test]
+    fn a_read_is_sent_again_after_any_lost_connection_a_write_only_when_it_never_left() {
+        use Delivery::*;
+        let cases = [
+            (NotSent, true, true),
+            (NotSent, false, true),
+            (MayHaveArrived, true, true),
+            (MayHaveArrived, false, false),
+            (NoServer, true, false),
+            (NoServer, false, false),
+            (Settled, true, false),
+            (Settled, false, false),
+        ];
+        for (delivery, read, expected) in cases {
+            assert_eq!(
+                may_send_again(delivery, read),
+                expected,
+                "{delivery:?} read={read}"
+            );
+        }
     }
 }

@@ -25,6 +25,14 @@
 //! holds up phase changes until its lease has run out (ARCHITECTURE.md, "The data path
 //! outlives the state store").
 //!
+//! A router that starts while the state store is down has no phase to apply, and never
+//! guesses one: [`Router::connect`] returns only once it has registered and loaded the
+//! migration's phase, and until then nothing can be sent through it. It tries again with
+//! backoff (a warning at each attempt, with the reason) up to
+//! [`RouterConfig::connect_deadline`] (two minutes by default), then fails naming the
+//! deadline and the last reason (ARCHITECTURE.md, "A router starting without the state store
+//! waits for it").
+//!
 //! Every operation runs one of the pure [`crate::protocol`] machines against the shards; this
 //! module only turns their steps into MongoDB commands.
 //!
@@ -113,6 +121,18 @@ pub struct RouterConfig {
     /// The most shadow reads (the migration's `shadow_read_percent`) in flight at once; a
     /// sampled read beyond them is skipped, not queued.
     pub shadow_reads_in_flight: usize,
+    /// How long [`Router::connect`] (and [`Router::with_shards`]) keep trying while the state
+    /// store cannot be reached, with backoff and jitter and a warning at each attempt; then
+    /// they fail with [`RouterError::StoreUnreachable`]. `None`: one attempt, failing at once.
+    ///
+    /// Default two minutes, waiting: an application that restarts during a state-store
+    /// failover or restart (the outage a running router rides out) comes up once the store is
+    /// back, rather than exiting into its supervisor's restart backoff (minutes, with
+    /// Kubernetes) or staying down (without a supervisor); bounded, so a wrong host or a store
+    /// gone for good still ends in an error. Meanwhile the router serves nothing: it has not
+    /// loaded the migration's phase, and it never guesses one. A URL that is not a PostgreSQL
+    /// URL, a store without reshard's schema, or a shard without a connection fail at once.
+    pub connect_deadline: Option<Duration>,
 }
 
 /// See [`RouterConfig::step_hook`].
@@ -147,7 +167,20 @@ impl RouterConfig {
             list_parallelism: 8,
             step_hook: None,
             shadow_reads_in_flight: 8,
+            connect_deadline: Some(Duration::from_secs(120)),
         }
+    }
+
+    /// Refuses a fence margin that leaves the lease nothing to serve with.
+    fn check(&self) -> Result<(), RouterError> {
+        let margin = self.fence_margin();
+        if margin.is_zero() || margin * 2 >= self.lease_ttl {
+            return Err(RouterError::InvalidUpdate(format!(
+                "fence_margin ({margin:?}) must be above zero and below half of lease_ttl ({:?})",
+                self.lease_ttl
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -168,6 +201,14 @@ pub enum RouterError {
     RoutingStale,
     #[error("the router was shut down; nothing of this operation was applied")]
     ShutDown,
+    #[error("the router could not start: the state store could not be reached within {deadline:?} ({attempts} attempts), and a router serves nothing before it has loaded the migration's phase; last reason: {reason}")]
+    StoreUnreachable {
+        /// [`RouterConfig::connect_deadline`].
+        deadline: Duration,
+        attempts: u32,
+        /// Why the last attempt failed, without credentials.
+        reason: String,
+    },
     #[error("the router's lease ran out before the operation finished: its write may or may not have been applied (nothing of it can land later); read the document back, or retry an idempotent write")]
     OutcomeUnknown,
     #[error("the shard refused the write: {0}")]
@@ -307,17 +348,26 @@ pub struct Router {
 
 impl Router {
     /// Connects to the state store, opens a client per registered shard, registers and starts
-    /// following the collection's migration.
+    /// following the collection's migration. While the state store cannot be reached it tries
+    /// again until [`RouterConfig::connect_deadline`]; it returns only once it has loaded the
+    /// migration's phase.
     pub async fn connect(
         database_url: &str,
         collection: &str,
         config: RouterConfig,
     ) -> Result<Router, RouterError> {
-        let store = Store::connect(database_url).await?;
-        let shards = Shards::connect(&store.shards().await?, false)
-            .await
-            .map_err(|e| RouterError::InvalidUpdate(e.to_string()))?;
-        Router::with_shards(store, collection, config, shards).await
+        config.check()?;
+        // A URL that is not one never becomes reachable: refused here, before any attempt.
+        let store = Store::connect_lazy(database_url)?;
+        let id = uuid::Uuid::new_v4();
+        starting(&store, &config, id, || async {
+            store.check_schema().await?;
+            let shards = Shards::connect(&store.shards().await?, false)
+                .await
+                .map_err(|e| RouterError::InvalidUpdate(e.to_string()))?;
+            Router::start(store.clone(), collection, config.clone(), shards, id).await
+        })
+        .await
     }
 
     /// Like [`Router::connect`], with the application's own database handle per shard name.
@@ -327,15 +377,31 @@ impl Router {
         config: RouterConfig,
         shards: impl Into<Shards>,
     ) -> Result<Router, RouterError> {
+        config.check()?;
         let shards = shards.into();
-        let margin = config.fence_margin();
-        if margin.is_zero() || margin * 2 >= config.lease_ttl {
-            return Err(RouterError::InvalidUpdate(format!(
-                "fence_margin ({margin:?}) must be above zero and below half of lease_ttl ({:?})",
-                config.lease_ttl
-            )));
-        }
         let id = uuid::Uuid::new_v4();
+        starting(&store, &config, id, || {
+            Router::start(
+                store.clone(),
+                collection,
+                config.clone(),
+                shards.clone(),
+                id,
+            )
+        })
+        .await
+    }
+
+    /// One attempt to start: registers as `id` (every attempt registers as the same router, so
+    /// an attempt cut short leaves no second registration behind), loads the phase,
+    /// acknowledges it and starts the follower and the heartbeats.
+    async fn start(
+        store: Store,
+        collection: &str,
+        config: RouterConfig,
+        shards: Shards,
+        id: uuid::Uuid,
+    ) -> Result<Router, RouterError> {
         // Register first, then load: any move the driver makes after the registration waits
         // for this router, and every move before it is in what the load sees.
         let started = Instant::now();
@@ -627,6 +693,95 @@ impl Router {
             }
         }
     }
+}
+
+/// Runs `attempt` until it has started the router, failed for another reason than a state
+/// store that cannot be reached, or [`RouterConfig::connect_deadline`] has passed. Each attempt
+/// first checks that the store answers ([`Store::check_reachable`], which says why it does
+/// not, where the pool would only time out); the next one starts after an exponential backoff
+/// with jitter (a quarter of a second, doubling up to 4 s, each wait lengthened by up to as
+/// much again at random, so that routers restarted together do not try together), announced
+/// by a warning with the reason. An attempt still running at the deadline is cut short.
+async fn starting<F, Fut>(
+    store: &Store,
+    config: &RouterConfig,
+    id: uuid::Uuid,
+    mut attempt: F,
+) -> Result<Router, RouterError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Router, RouterError>>,
+{
+    use backon::{ExponentialBuilder, Retryable};
+
+    let mut once = || {
+        let start = attempt();
+        async move {
+            store.check_reachable().await?;
+            start.await
+        }
+    };
+    let Some(limit) = config.connect_deadline else {
+        return once().await;
+    };
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut attempts = 0_u32;
+    let mut last_reason = None;
+    let backoff = ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(Duration::from_secs(4))
+        .without_max_times();
+    let retrying = once
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(store_unreachable)
+        // The last wait ends at the deadline, where the attempt it leads to is cut short.
+        .adjust(|_, delay| {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            delay.filter(|_| !left.is_zero()).map(|d| d.min(left))
+        })
+        .notify(|e, delay| {
+            attempts += 1;
+            let reason = crate::redact::redact_uri(&e.to_string());
+            tracing::warn!(
+                router = %config.name,
+                attempt = attempts,
+                waited = ?started.elapsed(),
+                deadline = ?limit,
+                next_in = ?delay,
+                error = %reason,
+                "cannot reach the state store; the router serves nothing before it has loaded \
+                 the migration's phase; trying again"
+            );
+            last_reason = Some(reason);
+        });
+    let outcome = tokio::time::timeout_at(deadline, retrying).await;
+    let reason = match outcome {
+        Ok(Ok(router)) => return Ok(router),
+        Ok(Err(e)) if !store_unreachable(&e) => return Err(e),
+        Ok(Err(e)) => crate::redact::redact_uri(&e.to_string()),
+        Err(_) => last_reason.unwrap_or_else(|| "no answer from the state store yet".to_owned()),
+    };
+    // An attempt may have registered before the store went away again, or before the
+    // deadline cut it short: one try to remove the registration, so that no barrier waits for
+    // a router that never started (its lease would hold the next move until it ran out).
+    let store = store.clone();
+    tokio::spawn(async move {
+        let _ = within(STORE_CALL_LIMIT, store.deregister_router(id)).await;
+    });
+    Err(RouterError::StoreUnreachable {
+        deadline: limit,
+        attempts: attempts + 1,
+        reason,
+    })
+}
+
+/// A start that failed because the state store could not be reached: another attempt may
+/// succeed.
+fn store_unreachable(e: &RouterError) -> bool {
+    matches!(e, RouterError::Store(e) if e.is_unavailable())
 }
 
 fn changed(outcome: Outcome<Document>, op: &str) -> Result<bool, RouterError> {

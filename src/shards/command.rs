@@ -11,8 +11,16 @@
 //! - is waited for only until the deadline ([`CommandError::NoAnswer`]: it may or may not
 //!   have been applied, and cannot be applied later than the deadline plus the time it took
 //!   to reach the server, which the router's fence margin covers);
-//! - is sent as a raw command, which the driver never retries (a retry could land after the
-//!   deadline).
+//! - is sent as a raw command, which the driver retries only when it was certainly not
+//!   applied (a connection that could not be opened, a server's overload rejection: both
+//!   labelled `SystemOverloadedError`): its retryable reads and writes cover its own helpers
+//!   (`find_one`, `insert_one`, ...), never `run_command`;
+//! - is sent once more, on a fresh connection, when the connection failed and sending again
+//!   is harmless ([`may_send_again`]: a read after any lost connection, a write only when it
+//!   certainly did not reach its server), and only before the deadline, carrying the time
+//!   then left. The router's steps are conditional writes, so a second send of a write whose
+//!   first send never arrived is that write arriving late, which the protocol allows for
+//!   (ARCHITECTURE.md, "A step is sent again only when that is harmless").
 
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::WriteConcern;
@@ -20,7 +28,8 @@ use mongodb::Database;
 use tokio::time::Instant;
 
 use crate::copy::classify::{
-    classify, failures_from_reply, FailureClass, FailureOrigin, WriteFailure,
+    classify, delivery, failures_from_reply, may_send_again, FailureClass, FailureOrigin,
+    WriteFailure,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +64,48 @@ impl Written {
     }
 }
 
-/// Runs `command` against `db`, ending by `deadline`.
+/// Whether a command only reads, or may change a document: it decides whether the command
+/// may be sent again after its connection failed ([`may_send_again`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Effect {
+    Reads,
+    Writes,
+}
+
+/// Runs `command` against `db`, ending by `deadline`; once more when its connection failed and
+/// sending it again is harmless, if the deadline has not passed by then.
 async fn run(
+    db: &Database,
+    command: Document,
+    deadline: Instant,
+    effect: Effect,
+) -> Result<Document, CommandError> {
+    let failed = match send(db, command.clone(), deadline).await {
+        Err(CommandError::Mongo(e)) => e,
+        answered => return answered,
+    };
+    let reached = delivery(&failed);
+    if !may_send_again(reached, effect == Effect::Reads) {
+        return Err(CommandError::Mongo(failed));
+    }
+    // The driver closed the failed connection and cleared the server's pool (a network error
+    // marks the server unknown until its monitor checks it again), so this send goes out on a
+    // fresh connection once the server is known again, or fails by the deadline.
+    tracing::warn!(
+        command = command.keys().next().map(String::as_str).unwrap_or_default(),
+        error = %super::describe(&failed),
+        delivery = ?reached,
+        "the connection failed before the command could have been applied; sending it again"
+    );
+    match send(db, command, deadline).await {
+        // The deadline passed before the second send: the first failure is the answer.
+        Err(CommandError::NotSent) => Err(CommandError::Mongo(failed)),
+        again => again,
+    }
+}
+
+/// Sends `command` to `db` once, ending by `deadline`.
+async fn send(
     db: &Database,
     mut command: Document,
     deadline: Instant,
@@ -85,6 +134,7 @@ pub async fn find_one(
         db,
         doc! { "find": collection, "filter": filter, "limit": 1, "singleBatch": true },
         deadline,
+        Effect::Reads,
     )
     .await?;
     Ok(reply
@@ -109,7 +159,7 @@ pub async fn insert_one(
         doc! { "insert": collection, "documents": [document], "ordered": true },
         write_concern,
     );
-    written(run(db, command, deadline).await?)
+    written(run(db, command, deadline, Effect::Writes).await?)
 }
 
 /// Replaces (a document `update`) or modifies (operators or a pipeline) the first document
@@ -128,7 +178,7 @@ pub async fn update_one(
         doc! { "update": collection, "updates": [statement], "ordered": true },
         write_concern,
     );
-    written(run(db, command, deadline).await?)
+    written(run(db, command, deadline, Effect::Writes).await?)
 }
 
 pub async fn delete_one(
@@ -142,7 +192,7 @@ pub async fn delete_one(
         doc! { "delete": collection, "deletes": [{ "q": filter, "limit": 1 }], "ordered": true },
         write_concern,
     );
-    written(run(db, command, deadline).await?)
+    written(run(db, command, deadline, Effect::Writes).await?)
 }
 
 fn with_concern(mut command: Document, write_concern: &WriteConcern) -> Document {

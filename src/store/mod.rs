@@ -82,21 +82,26 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             StoreError::Unreachable { .. } | StoreError::TimedOut(_) => true,
-            StoreError::Sql(e) => match e {
-                sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed => true,
-                // Class 57: operator intervention (admin shutdown, cannot connect now); 08:
-                // connection exceptions.
-                sqlx::Error::Database(db) => db
-                    .code()
-                    .is_some_and(|c| c.starts_with("57") || c.starts_with("08")),
-                _ => false,
-            },
+            StoreError::Sql(e) => unavailable(e),
             _ => false,
         }
+    }
+}
+
+/// Whether `e` says the server could not be reached or is going through a restart or failover.
+fn unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // Class 57: operator intervention (admin shutdown, cannot connect now); 08:
+        // connection exceptions.
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("57") || c.starts_with("08")),
+        _ => false,
     }
 }
 
@@ -120,28 +125,68 @@ pub struct Store {
     url: Redacted,
 }
 
+/// Why the state store at `url` cannot be reached, with any password in `reason` redacted.
+fn unreachable(url: &Redacted, reason: String) -> StoreError {
+    StoreError::Unreachable {
+        url: url.clone(),
+        reason: crate::redact::redact_uri(&reason),
+    }
+}
+
+/// The connection options of `url`, and the options of reshard's pools.
+fn pool_options(url: &Redacted) -> StoreResult<(PgPoolOptions, PgConnectOptions)> {
+    let options: PgConnectOptions = url
+        .expose()
+        .parse()
+        .map_err(|e: sqlx::Error| unreachable(url, format!("not a PostgreSQL URL ({e})")))?;
+    let options = options
+        .application_name("reshard")
+        .log_statements(tracing::log::LevelFilter::Trace);
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(10));
+    Ok((pool, options))
+}
+
 impl Store {
     /// Connects without checking the schema (for `db migrate` and `db status`).
     pub async fn connect_unchecked(url: &str) -> StoreResult<Store> {
         let url = Redacted::new(url);
-        let unreachable = |reason: String| StoreError::Unreachable {
-            url: url.clone(),
-            reason: crate::redact::redact_uri(&reason),
-        };
-        let options: PgConnectOptions = url
-            .expose()
-            .parse()
-            .map_err(|e: sqlx::Error| unreachable(format!("not a PostgreSQL URL ({e})")))?;
-        let options = options
-            .application_name("reshard")
-            .log_statements(tracing::log::LevelFilter::Trace);
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(10))
+        let (pool, options) = pool_options(&url)?;
+        let pool = pool
             .connect_with(options)
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| unreachable(&url, e.to_string()))?;
         Ok(Store { pool, url })
+    }
+
+    /// A store whose pool connects on first use: only a URL that is not a PostgreSQL URL is
+    /// refused here. For a caller that waits for the store itself ([`Store::check_reachable`]).
+    pub fn connect_lazy(url: &str) -> StoreResult<Store> {
+        let url = Redacted::new(url);
+        let (pool, options) = pool_options(&url)?;
+        Ok(Store {
+            pool: pool.connect_lazy_with(options),
+            url,
+        })
+    }
+
+    /// Opens one connection of its own and closes it: whether the store answers now, and if
+    /// not, why. The pool would wait for its acquire timeout (retrying a refused connection
+    /// meanwhile) and then say only that it timed out.
+    pub async fn check_reachable(&self) -> StoreResult<()> {
+        let connection = self.pool.connect_options().connect().await.map_err(|e| {
+            // A refusal that waiting does not cure (a wrong password, no such database)
+            // keeps its kind; the rest says where and why.
+            if unavailable(&e) {
+                unreachable(&self.url, e.to_string())
+            } else {
+                StoreError::Sql(e)
+            }
+        })?;
+        // The store answered; how the connection closes says nothing more.
+        let _ = sqlx::Connection::close(connection).await;
+        Ok(())
     }
 
     /// Connects and refuses to go on unless every migration this binary knows is applied.
