@@ -705,6 +705,10 @@ fn spec(op: &Op, value: Option<u8>) -> (Option<u8>, Res) {
         (Operation::Update(_), None) => (None, Res::Changed(false)),
         (Operation::Delete, Some(_)) => (None, Res::Changed(true)),
         (Operation::Delete, None) => (None, Res::Changed(false)),
+        (Operation::Upsert { update: Add(k), .. }, Some(v)) => {
+            (Some(v.wrapping_add(*k)), Res::Changed(true))
+        }
+        (Operation::Upsert { insert, .. }, None) => (Some(*insert), Res::Inserted),
     }
 }
 
@@ -2275,6 +2279,7 @@ impl<'a> Model<'a> {
             Found::Absent => return None,
             Found::Live(v) => v,
             Found::Tombstone => 0,
+            Found::Unmatched => unreachable!("a worker's scan reads with no condition"),
         };
         // As in `disposition::of`, a document whose keys cannot be routed is unroutable
         // before it is anything else.

@@ -11,7 +11,8 @@
 //! This file holds the steps and their answers; `operation` the router's operations (what
 //! an insert, a replace, an update, a delete or a read does next); `workers` the copier's,
 //! the cleaner's, the revert copier's and a repair's decisions, and the checkpoint's window
-//! over batches in flight; `fanout` where a step goes among the locations a layout lists.
+//! over batches in flight; `fanout` where a step goes among the locations a layout lists;
+//! `query` how a read of many documents at once reads a phase and answers each id.
 //!
 //! The rules they implement (ARCHITECTURE.md, "The write protocol and its model"):
 //! - while the target is authoritative, writes go to the target; a document that only exists in
@@ -37,6 +38,7 @@
 
 mod fanout;
 mod operation;
+mod query;
 mod workers;
 
 pub use crate::phase::Side;
@@ -44,6 +46,7 @@ pub use fanout::{listed_location, mirror_location, mirror_writes, Listed};
 pub use operation::{
     Interrupted, Next, Operation, OperationMachine, Outcome, ProtocolError, MAX_RESTARTS,
 };
+pub use query::{cursor_continues, query_answer, query_plan, QueryPlan};
 pub use workers::{
     applied_pending_deletes, backfill_action, cleanup_action, cleanup_decision,
     cleanup_delete_step, cleanup_lookup_step, copy_result, copy_step, purge_tombstone_step,
@@ -69,6 +72,14 @@ pub enum Found<D> {
     Absent,
     Live(D),
     Tombstone,
+    /// A live document that does not match the operation's condition: the filter an
+    /// application gave beside the id (`updateOne({_id, status: "ready"}, ...)`, a queue's
+    /// `findOneAndUpdate`), which the executor checks on the server with the find and puts in
+    /// the filter of every conditional write it sends for the operation (`ReplaceLive`,
+    /// `UpdateLive`, `DeleteLive`). Only an executor running a conditional operation answers
+    /// it; to everyone else a live document is `Live`. It holds the id all the same: an
+    /// insert of the id is a duplicate, and a source copy of it is superseded.
+    Unmatched,
 }
 
 /// One single-document step against one side. Each is atomic in MongoDB.

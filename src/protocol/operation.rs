@@ -19,6 +19,16 @@ pub enum Operation<D, U> {
     /// Apply a partial update.
     Update(U),
     Delete,
+    /// Apply a partial update, or, when no document matches (none holds the id, it was
+    /// deleted, or the operation's condition fails: [`Found::Unmatched`]), insert `insert`:
+    /// MongoDB's update with `upsert: true`. The caller builds `insert` from the query's
+    /// equality fields and the update. After the insert meets a document holding the id
+    /// (another upsert inserted it first), the update is tried once more, as MongoDB's own
+    /// upsert retries on a duplicate key; a second duplicate is reported.
+    Upsert {
+        update: U,
+        insert: D,
+    },
 }
 
 /// The result an operation reports to the application.
@@ -26,11 +36,13 @@ pub enum Operation<D, U> {
 pub enum Outcome<D> {
     /// `Get`: the document, or `None` when it does not exist.
     Read(Option<D>),
-    /// `Insert`: done.
+    /// `Insert`: done. `Upsert`: no document matched, and `insert` was inserted.
     Inserted,
-    /// `Insert`: the id already exists.
+    /// `Insert`: the id already exists. `Upsert`, and `Replace` with `upsert`: a document
+    /// holds the id but does not match the condition, so the insert would duplicate it.
     Duplicate,
-    /// `Replace`, `Update`, `Delete`: whether a document was changed.
+    /// `Replace`, `Update`, `Delete`: whether a document was changed. `Upsert`: `true`, a
+    /// document matched and was updated.
     Changed(bool),
     /// The phase holds writes (the write switch); retry once the phase has moved on.
     Held,
@@ -80,6 +92,15 @@ enum At {
     DelInsertTombstone,
     /// Delete once the migration completed: the source is gone, no tombstone is needed.
     DelPlain,
+    /// Upsert into the target: updating the live target document; looking in the source;
+    /// copying the source document into the target; updating again after the copy. When
+    /// nothing matched, the insert's states follow with the document to insert.
+    UpsLive,
+    UpsFindSource,
+    UpsCopy,
+    UpsAfterCopy,
+    /// Upsert into the source: updating; when nothing matched, the insert's states follow.
+    SrcUpsUpdate,
     /// Writes to the source layout (before the write switch, and after a rollback, when the
     /// source may hold tombstones mirrored from the target): inserting; the id was taken, so
     /// looking at what holds it; replacing a tombstone; replacing the live document; looking
@@ -127,6 +148,9 @@ pub struct OperationMachine<D, U> {
     wrote: bool,
     /// Whether the step asked for last can change a document.
     pending_write: bool,
+    /// An upsert whose insert met a document holding the id, and which tried its update
+    /// again: the next such duplicate is reported.
+    upsert_retried: bool,
 }
 
 /// What an operation cut short by its router's lease may have done. The router stops before
@@ -175,6 +199,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             source_tombstones: phase == Phase::RolledBack,
             wrote: false,
             pending_write: false,
+            upsert_retried: false,
         }
     }
 
@@ -256,7 +281,11 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
 
             // Get.
             (At::GetTarget, Some(A::Found(Found::Live(d)))) => self.done(Outcome::Read(Some(d))),
-            (At::GetTarget, Some(A::Found(Found::Tombstone))) => self.done(Outcome::Read(None)),
+            // A tombstone, or a live document the condition does not match: the target's
+            // document supersedes whatever the source holds.
+            (At::GetTarget, Some(A::Found(Found::Tombstone | Found::Unmatched))) => {
+                self.done(Outcome::Read(None))
+            }
             (At::GetTarget, Some(A::Found(Found::Absent))) => {
                 if self.read == ReadPath::TargetThenSource {
                     self.go(At::GetSource, Step::Find(S))
@@ -267,11 +296,13 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             (At::GetMirror, Some(A::Matched(_))) => self.go(At::GetSource, Step::Find(S)),
             (At::GetSource, Some(A::Found(found))) => self.done(Outcome::Read(match found {
                 Found::Live(d) => Some(d),
-                Found::Absent | Found::Tombstone => None,
+                Found::Absent | Found::Tombstone | Found::Unmatched => None,
             })),
 
             // Insert into the target.
-            (At::InsFindTarget, Some(A::Found(Found::Live(_)))) => self.done(Outcome::Duplicate),
+            (At::InsFindTarget, Some(A::Found(Found::Live(_) | Found::Unmatched))) => {
+                self.duplicate()
+            }
             (At::InsFindTarget, Some(A::Found(Found::Tombstone)))
             | (At::InsRecheckTarget, Some(A::Found(Found::Tombstone))) => {
                 let doc = self.app_doc();
@@ -285,7 +316,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                     self.go(At::InsInsert, Step::Insert(T, doc))
                 }
             }
-            (At::InsFindSource, Some(A::Found(Found::Live(_)))) => {
+            (At::InsFindSource, Some(A::Found(Found::Live(_) | Found::Unmatched))) => {
                 // The id sits in the source; it is a duplicate unless it was deleted (by a
                 // tombstone in the target) since the first look.
                 self.go(At::InsRecheckTarget, Step::Find(T))
@@ -294,7 +325,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                 let doc = self.app_doc();
                 self.go(At::InsInsert, Step::Insert(T, doc))
             }
-            (At::InsRecheckTarget, Some(A::Found(_))) => self.done(Outcome::Duplicate),
+            (At::InsRecheckTarget, Some(A::Found(_))) => self.duplicate(),
             (At::InsReplaceTombstone, Some(A::Matched(true)))
             | (At::InsInsert, Some(A::Inserted)) => self.done(Outcome::Inserted),
             (At::InsReplaceTombstone, Some(A::Matched(false)))
@@ -304,6 +335,9 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             (At::RepLive, Some(A::Matched(true))) => self.done(Outcome::Changed(true)),
             (At::RepLive, Some(A::Matched(false))) => self.go(At::RepFindTarget, Step::Find(T)),
             (At::RepFindTarget, Some(A::Found(Found::Live(_)))) => self.restart(),
+            (At::RepFindTarget | At::RepFindSource, Some(A::Found(Found::Unmatched))) => {
+                self.replace_unmatched()
+            }
             (At::RepFindTarget, Some(A::Found(Found::Tombstone))) => {
                 if self.upsert() {
                     let doc = self.app_doc();
@@ -357,7 +391,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             (At::DelFindTarget, Some(A::Found(Found::Live(_)))) => {
                 self.go(At::DelReplaceLive, Step::ReplaceLive(T, Payload::Tombstone))
             }
-            (At::DelFindTarget, Some(A::Found(Found::Tombstone))) => {
+            (At::DelFindTarget, Some(A::Found(Found::Tombstone | Found::Unmatched))) => {
                 self.done(Outcome::Changed(false))
             }
             (At::DelFindTarget, Some(A::Found(Found::Absent))) => {
@@ -377,12 +411,38 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
             | (At::DelInsertTombstone, Some(A::DuplicateKey)) => self.restart(),
             (At::DelPlain, Some(A::Matched(changed))) => self.done(Outcome::Changed(changed)),
 
+            // Upsert into the target: the update's path, with copy-on-write from the source;
+            // when nothing matched, the insert's path with the document to insert.
+            (At::UpsLive | At::UpsAfterCopy | At::SrcUpsUpdate, Some(A::Matched(true))) => {
+                self.done(Outcome::Changed(true))
+            }
+            (At::UpsLive, Some(A::Matched(false))) => {
+                if self.reads_source() {
+                    self.go(At::UpsFindSource, Step::Find(S))
+                } else {
+                    self.upsert_insert()
+                }
+            }
+            (At::UpsFindSource, Some(A::Found(Found::Live(d)))) => {
+                self.go(At::UpsCopy, Step::Insert(T, Payload::Copy(d)))
+            }
+            (At::UpsFindSource, Some(A::Found(_))) => self.upsert_insert(),
+            (At::UpsCopy, Some(A::Inserted | A::DuplicateKey)) => {
+                let update = self.update();
+                self.go(At::UpsAfterCopy, Step::UpdateLive(T, update))
+            }
+            (At::UpsAfterCopy, Some(A::Matched(false))) => self.upsert_insert(),
+            (At::SrcUpsUpdate, Some(A::Matched(false))) => {
+                let doc = self.app_doc();
+                self.go(At::SrcInsert, Step::Insert(S, doc))
+            }
+
             // Writes to the source layout. Before the write switch these are plain MongoDB
             // semantics; after a rollback the source may hold tombstones that mirrors left
             // there, which count as absent and which a re-creation replaces.
             (At::SrcInsert, Some(A::Inserted)) => self.done(Outcome::Inserted),
             (At::SrcInsert, Some(A::DuplicateKey)) => self.go(At::SrcInsFind, Step::Find(S)),
-            (At::SrcInsFind, Some(A::Found(Found::Live(_)))) => self.done(Outcome::Duplicate),
+            (At::SrcInsFind, Some(A::Found(Found::Live(_) | Found::Unmatched))) => self.duplicate(),
             (At::SrcInsFind, Some(A::Found(Found::Tombstone))) => {
                 let doc = self.app_doc();
                 self.go(At::SrcInsReplaceTombstone, Step::ReplaceTombstone(S, doc))
@@ -398,6 +458,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                 }
             }
             (At::SrcRepFind, Some(A::Found(Found::Live(_)))) => self.restart(),
+            (At::SrcRepFind, Some(A::Found(Found::Unmatched))) => self.replace_unmatched(),
             (At::SrcRepFind, Some(A::Found(Found::Tombstone))) => {
                 let doc = self.app_doc();
                 self.go(At::SrcRepReplaceTombstone, Step::ReplaceTombstone(S, doc))
@@ -449,6 +510,9 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                     self.go(At::SrcReplace, Step::ReplaceLive(S, Payload::App(doc)))
                 }
                 Operation::Update(u) => self.go(At::SrcUpdate, Step::UpdateLive(S, u)),
+                Operation::Upsert { update, .. } => {
+                    self.go(At::SrcUpsUpdate, Step::UpdateLive(S, update))
+                }
                 // Only a live document: a tombstone left by a rollback's mirror is absent.
                 Operation::Delete if self.source_tombstones => {
                     self.go(At::SrcDelete, Step::ReplaceLive(S, Payload::Tombstone))
@@ -464,6 +528,9 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                     self.go(At::RepLive, Step::ReplaceLive(T, Payload::App(doc)))
                 }
                 Operation::Update(u) => self.go(At::UpdLive, Step::UpdateLive(T, u)),
+                Operation::Upsert { update, .. } => {
+                    self.go(At::UpsLive, Step::UpdateLive(T, update))
+                }
                 // Once completed, nothing can copy the id back from the source, so a delete
                 // leaves no tombstone behind for the purge to chase.
                 Operation::Delete if !self.tombstones => self.go(At::DelPlain, Step::DeleteLive(T)),
@@ -481,19 +548,49 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
         }
     }
 
+    /// A replace whose condition fails on the document holding the id: nothing is changed,
+    /// and an upsert would insert a second document of the id, which MongoDB refuses with a
+    /// duplicate key.
+    fn replace_unmatched(&mut self) -> Result<Next<D, U>, ProtocolError> {
+        if self.upsert() {
+            self.done(Outcome::Duplicate)
+        } else {
+            self.done(Outcome::Changed(false))
+        }
+    }
+
+    /// An upsert's update matched nothing: insert its document, along the insert's path.
+    fn upsert_insert(&mut self) -> Result<Next<D, U>, ProtocolError> {
+        self.go(At::InsFindTarget, Step::Find(Side::Target))
+    }
+
+    /// The insert's path met a document holding the id. An insert reports the duplicate; an
+    /// upsert tries its update once more first (the document may be one a concurrent upsert
+    /// inserted, which its update now matches).
+    fn duplicate(&mut self) -> Result<Next<D, U>, ProtocolError> {
+        if matches!(self.op, Operation::Upsert { .. }) && !self.upsert_retried {
+            self.upsert_retried = true;
+            self.at = At::Start;
+            return self.start();
+        }
+        self.done(Outcome::Duplicate)
+    }
+
     fn app_doc(&self) -> Payload<D> {
         match &self.op {
-            Operation::Insert(d) | Operation::Replace { doc: d, .. } => Payload::App(d.clone()),
+            Operation::Insert(d)
+            | Operation::Replace { doc: d, .. }
+            | Operation::Upsert { insert: d, .. } => Payload::App(d.clone()),
             Operation::Get | Operation::Update(_) | Operation::Delete => {
-                panic!("only insert and replace carry a document")
+                panic!("only insert, replace and upsert carry a document")
             }
         }
     }
 
     fn update(&self) -> U {
         match &self.op {
-            Operation::Update(u) => u.clone(),
-            _ => panic!("only update carries an update"),
+            Operation::Update(u) | Operation::Upsert { update: u, .. } => u.clone(),
+            _ => panic!("only update and upsert carry an update"),
         }
     }
 
@@ -694,6 +791,184 @@ mod tests {
         let mut m2 = m.clone();
         assert!(m2.next(Some(Answer::Matched(false))).is_ok());
         assert_eq!(m2.interrupted(), Interrupted::MayHaveApplied);
+    }
+
+    #[test]
+    fn a_condition_that_fails_on_the_document_holding_the_id_changes_nothing() {
+        let upsert = |u| Operation::Upsert {
+            update: u,
+            insert: "new",
+        };
+        let cases: &[(Phase, Operation<_, _>, Script, Outcome<_>)] = &[
+            // The target's document does not match: the source's stale match must not be
+            // tombstoned or read.
+            (
+                Phase::Backfill,
+                Operation::Delete,
+                &[(Step::Find(T), Answer::Found(Found::Unmatched))],
+                Outcome::Changed(false),
+            ),
+            (
+                Phase::Backfill,
+                Operation::Delete,
+                &[
+                    (Step::Find(T), Answer::Found(Found::Absent)),
+                    (Step::Find(S), Answer::Found(Found::Unmatched)),
+                ],
+                Outcome::Changed(false),
+            ),
+            (
+                Phase::Backfill,
+                Operation::Get,
+                &[(Step::Find(T), Answer::Found(Found::Unmatched))],
+                Outcome::Read(None),
+            ),
+            // A conditional tombstone that lost a race with a write that made the document
+            // stop matching: looked at again, then nothing.
+            (
+                Phase::NewWrites,
+                Operation::Delete,
+                &[
+                    (Step::Find(T), Answer::Found(Found::Live("d"))),
+                    (
+                        Step::ReplaceLive(T, Payload::Tombstone),
+                        Answer::Matched(false),
+                    ),
+                    (Step::Find(T), Answer::Found(Found::Unmatched)),
+                ],
+                Outcome::Changed(false),
+            ),
+            // A replace with upsert whose condition fails on the id's document would insert
+            // a second document of the id: a duplicate, as MongoDB answers it.
+            (
+                Phase::Backfill,
+                Operation::Replace {
+                    doc: "d",
+                    upsert: true,
+                },
+                &[
+                    (
+                        Step::ReplaceLive(T, Payload::App("d")),
+                        Answer::Matched(false),
+                    ),
+                    (Step::Find(T), Answer::Found(Found::Unmatched)),
+                ],
+                Outcome::Duplicate,
+            ),
+            (
+                Phase::DualRead,
+                Operation::Replace {
+                    doc: "d",
+                    upsert: false,
+                },
+                &[(
+                    Step::ReplaceLive(S, Payload::App("d")),
+                    Answer::Matched(false),
+                )],
+                Outcome::Changed(false),
+            ),
+            // An upsert whose update matches nothing where a live document holds the id:
+            // tried once more, then a duplicate.
+            (
+                Phase::NewReads,
+                upsert("u"),
+                &[
+                    (Step::UpdateLive(T, "u"), Answer::Matched(false)),
+                    (Step::Find(T), Answer::Found(Found::Unmatched)),
+                    (Step::UpdateLive(T, "u"), Answer::Matched(false)),
+                    (Step::Find(T), Answer::Found(Found::Unmatched)),
+                ],
+                Outcome::Duplicate,
+            ),
+        ];
+        for (phase, op, script, outcome) in cases {
+            assert_eq!(run(*phase, op.clone(), script), *outcome, "{phase} {op:?}");
+        }
+    }
+
+    #[test]
+    fn an_upsert_updates_what_matches_and_inserts_only_where_nothing_holds_the_id() {
+        let upsert = Operation::Upsert {
+            update: "u",
+            insert: "new",
+        };
+        let cases: &[(Phase, Script, Outcome<_>)] = &[
+            // Only in the source: copied, then updated in the target.
+            (
+                Phase::Backfill,
+                &[
+                    (Step::UpdateLive(T, "u"), Answer::Matched(false)),
+                    (Step::Find(S), Answer::Found(Found::Live("old"))),
+                    (Step::Insert(T, Payload::Copy("old")), Answer::Inserted),
+                    (Step::UpdateLive(T, "u"), Answer::Matched(true)),
+                ],
+                Outcome::Changed(true),
+            ),
+            // Held nowhere: inserted along the insert's path, which looks in both sides.
+            (
+                Phase::Backfill,
+                &[
+                    (Step::UpdateLive(T, "u"), Answer::Matched(false)),
+                    (Step::Find(S), Answer::Found(Found::Absent)),
+                    (Step::Find(T), Answer::Found(Found::Absent)),
+                    (Step::Find(S), Answer::Found(Found::Absent)),
+                    (Step::Insert(T, Payload::App("new")), Answer::Inserted),
+                ],
+                Outcome::Inserted,
+            ),
+            // Deleted: the new document replaces the tombstone.
+            (
+                Phase::Cleanup,
+                &[
+                    (Step::UpdateLive(T, "u"), Answer::Matched(false)),
+                    (Step::Find(T), Answer::Found(Found::Tombstone)),
+                    (
+                        Step::ReplaceTombstone(T, Payload::App("new")),
+                        Answer::Matched(true),
+                    ),
+                ],
+                Outcome::Inserted,
+            ),
+            // A concurrent upsert inserted the id between the update and the insert: the
+            // update is tried again and now matches.
+            (
+                Phase::Completed,
+                &[
+                    (Step::UpdateLive(T, "u"), Answer::Matched(false)),
+                    (Step::Find(T), Answer::Found(Found::Absent)),
+                    (Step::Insert(T, Payload::App("new")), Answer::DuplicateKey),
+                    (Step::UpdateLive(T, "u"), Answer::Matched(true)),
+                ],
+                Outcome::Changed(true),
+            ),
+            // Before the switch: in the source, plainly.
+            (
+                Phase::DualRead,
+                &[
+                    (Step::UpdateLive(S, "u"), Answer::Matched(false)),
+                    (Step::Insert(S, Payload::App("new")), Answer::Inserted),
+                ],
+                Outcome::Inserted,
+            ),
+            (
+                Phase::Planned,
+                &[(Step::UpdateLive(S, "u"), Answer::Matched(true))],
+                Outcome::Changed(true),
+            ),
+            // Rolling back: mirrored before it reports, like every write.
+            (
+                Phase::Reverting,
+                &[
+                    (Step::UpdateLive(T, "u"), Answer::Matched(true)),
+                    (Step::MirrorToSource, Answer::Matched(true)),
+                ],
+                Outcome::Changed(true),
+            ),
+        ];
+        for (phase, script, outcome) in cases {
+            assert_eq!(run(*phase, upsert.clone(), script), *outcome, "{phase}");
+        }
+        assert_eq!(run(Phase::WriteSwitch, upsert, &[]), Outcome::Held);
     }
 
     #[test]

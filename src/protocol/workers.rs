@@ -175,7 +175,7 @@ pub enum CleanupDecision {
 
 pub fn cleanup_decision<D>(target: &Found<D>) -> CleanupDecision {
     match target {
-        Found::Live(_) | Found::Tombstone => CleanupDecision::DeleteSource,
+        Found::Live(_) | Found::Unmatched | Found::Tombstone => CleanupDecision::DeleteSource,
         Found::Absent => CleanupDecision::Missing,
     }
 }
