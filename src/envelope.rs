@@ -67,6 +67,11 @@ pub fn live(id: &Bson) -> Document {
     doc! { "_id": id.clone(), format!("{META}.deleted"): { "$ne": true } }
 }
 
+/// Every live document (no tombstone).
+pub fn live_documents() -> Document {
+    doc! { format!("{META}.deleted"): { "$ne": true } }
+}
+
 /// `{_id: id}` restricted to a tombstone.
 pub fn tombstone_of(id: &Bson) -> Document {
     doc! { "_id": id.clone(), format!("{META}.deleted"): true }

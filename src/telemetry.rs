@@ -364,7 +364,7 @@ pub fn hook_run(migration: i64, hook: &str, outcome: &'static str) {
 /// The path a phase gives an operation: where it reads (`get`, `list`) or writes.
 pub fn path_of(op: &str, phase: crate::phase::Phase) -> &'static str {
     use crate::phase::{ReadPath, WritePath};
-    if matches!(op, "get" | "list" | "list_tenant") {
+    if matches!(op, "get" | "list" | "list_tenant" | "query" | "query_more") {
         match phase.read_path() {
             ReadPath::Source => "source",
             ReadPath::TargetThenSource => "target_then_source",

@@ -17,30 +17,89 @@ use crate::protocol::{
     Side, Step,
 };
 use crate::routing::{KeyValue, Located, Location, RoutingVersion};
-use crate::shards::command::{self, CommandError, Written};
+use crate::shards::command::{self, CommandError, Modify, Written};
 
-/// The keys of the document an operation addresses, as given and as routing keys.
+/// The keys of the document an operation addresses, as given and as routing keys, and the
+/// operation's terms.
 pub struct Keys<'a> {
     pub tenant: &'a Bson,
     pub id: &'a Bson,
     pub tenant_key: &'a KeyValue,
     pub id_key: &'a KeyValue,
+    pub terms: &'a Terms,
 }
 
-/// Runs one protocol machine to its outcome, each step under the router's lease.
+/// What an operation asks beyond the protocol's single document: a condition the document
+/// must match besides its id, and the image of it the caller wants back. The library's own
+/// calls ask neither; the front's `update`, `delete` and `findAndModify` with a filter do.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Terms {
+    /// A filter (MongoDB's query language, evaluated by the server holding the document)
+    /// the document must match as well as its id. The executor checks it with every find
+    /// ([`Found::Unmatched`] when a live document does not match) and puts it in the filter
+    /// of every write that acts on a live document, so it holds at the moment of the write.
+    pub condition: Option<Document>,
+    /// Which image of the document the caller wants back.
+    pub image: Image,
+}
+
+/// Which image of a written document an operation returns ([`Terms::image`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Image {
+    #[default]
+    None,
+    /// As it was before the write (`None` when the write created it).
+    Before,
+    /// As the write left it (`None` when the write deleted it).
+    After,
+}
+
+/// The images of the document an operation's writes saw, as the application sees documents
+/// (without `_reshard`).
+#[derive(Debug, Default)]
+struct Images {
+    before: Option<Document>,
+    after: Option<Document>,
+    /// The live document the last find of each side returned (source, target).
+    found: [Option<Document>; 2],
+}
+
+impl Images {
+    fn found_on(&mut self, side: Side) -> &mut Option<Document> {
+        &mut self.found[usize::from(side == Side::Target)]
+    }
+
+    /// A write replaced `before` by `after`.
+    fn wrote(&mut self, before: Option<Document>, after: Option<Document>) {
+        self.before = before.map(envelope::strip);
+        self.after = after.map(envelope::strip);
+    }
+
+    fn pick(self, image: Image) -> Option<Document> {
+        match image {
+            Image::None => None,
+            Image::Before => self.before,
+            Image::After => self.after,
+        }
+    }
+}
+
+/// Runs one protocol machine to its outcome, each step under the router's lease, with the
+/// image [`Terms::image`] asks for.
 pub async fn run_operation(
     inner: &Inner,
     snapshot: &Snapshot,
     keys: &Keys<'_>,
     op: Operation<Document, Document>,
-) -> Result<Outcome<Document>, RouterError> {
+) -> Result<(Outcome<Document>, Option<Document>), RouterError> {
     let mut machine = OperationMachine::new(snapshot.phase, op).sealed(snapshot.sealed);
     let mut answer = None;
+    let mut images = Images::default();
     loop {
         // The lease is checked again before every step (not only when the operation starts):
         // a step delayed past it must not land after the driver counted this router out.
         let step = match machine.next(answer.take())? {
-            Next::Done(outcome) => return Ok(outcome),
+            Next::Done(outcome) => return Ok((outcome, images.pick(keys.terms.image))),
             Next::Do(step) => step,
         };
         let side = step_side(&step);
@@ -50,7 +109,7 @@ pub async fn run_operation(
         let Some(deadline) = inner.step_deadline() else {
             return Err(interrupted(machine.interrupted()));
         };
-        match execute(inner, snapshot, keys, step, deadline).await {
+        match execute(inner, snapshot, keys, step, deadline, &mut images).await {
             Ok(a) => answer = Some(a),
             Err(StepError::NotSent) => return Err(interrupted(machine.interrupted())),
             Err(StepError::NoAnswer) => return Err(interrupted(machine.interrupted_in_flight())),
@@ -112,6 +171,7 @@ async fn execute(
     keys: &Keys<'_>,
     step: Step<Document, Document>,
     deadline: Instant,
+    images: &mut Images,
 ) -> Result<Answer<Document>, StepError> {
     let wc = &inner.config.write_concern;
     let side = step_side(&step);
@@ -121,16 +181,26 @@ async fn execute(
     let v = version(snapshot, side);
     let located = v.locate(keys.tenant_key, keys.id_key)?;
     let by_id = doc! { "_id": keys.id.clone() };
-    let live = envelope::live(keys.id);
+    let condition = keys.terms.condition.as_ref();
+    // The writes that act on a live document hold only while it matches the condition.
+    let live = match condition {
+        Some(c) => crate::ids::and(envelope::live(keys.id), c.clone()),
+        None => envelope::live(keys.id),
+    };
     let tombstone = envelope::tombstone_of(keys.id);
     if let Step::Find(side) = step {
-        return Ok(Answer::Found(
-            match find(inner, side, &located.locations, &by_id, deadline).await? {
-                None => Found::Absent,
-                Some((found, _)) if is_tombstone(&found) => Found::Tombstone,
-                Some((found, _)) => Found::Live(found),
+        let found = match find(inner, side, &located.locations, &by_id, deadline).await? {
+            None => Found::Absent,
+            Some((found, _)) if is_tombstone(&found) => Found::Tombstone,
+            Some((found, at)) => match condition {
+                Some(c) if !matches_at(inner, at, &by_id, c, deadline).await? => Found::Unmatched,
+                _ => {
+                    *images.found_on(side) = Some(found.clone());
+                    Found::Live(found)
+                }
             },
-        ));
+        };
+        return Ok(Answer::Found(found));
     }
     // A version that lists several locations for the id (a fanout source) holds its document
     // on one of them: every listed location is asked at once, and the protocol says where
@@ -168,27 +238,52 @@ async fn execute(
         Step::Insert(_, payload) => {
             // A new id starts at revision 1; a pristine copy is revision 0.
             let rev = i64::from(!matches!(payload, Payload::Copy(_)));
-            match command::insert_one(db, coll, materialise(payload, rev), wc, deadline)
+            let kind = PayloadKind::of(&payload);
+            let doc = materialise(payload, rev);
+            let after = (kind == PayloadKind::App).then(|| doc.clone());
+            match command::insert_one(db, coll, doc, wc, deadline)
                 .await
                 .map_err(command_error)?
             {
-                Written::Applied { .. } => Answer::Inserted,
+                Written::Applied { .. } => {
+                    match kind {
+                        PayloadKind::App => images.wrote(None, after),
+                        // A delete of a document only the source holds: the source's image
+                        // is the one deleted.
+                        PayloadKind::Tombstone => {
+                            let before = images.found_on(Side::Source).take();
+                            images.wrote(before, None);
+                        }
+                        PayloadKind::Copy => {}
+                    }
+                    Answer::Inserted
+                }
                 Written::DuplicateKey => Answer::DuplicateKey,
             }
         }
         Step::ReplaceLive(_, payload) => {
+            let kind = PayloadKind::of(&payload);
             let replaced = replace_next_revision(db, coll, &live, wc, deadline, |rev| {
                 materialise(payload.clone(), rev)
             })
             .await?;
-            Answer::Matched(replaced)
+            let matched = replaced.is_some();
+            if let Some((before, after)) = replaced {
+                images.wrote(Some(before), (kind == PayloadKind::App).then_some(after));
+            }
+            Answer::Matched(matched)
         }
         Step::ReplaceTombstone(_, payload) => {
+            let kind = PayloadKind::of(&payload);
             let replaced = replace_next_revision(db, coll, &tombstone, wc, deadline, |rev| {
                 materialise(payload.clone(), rev)
             })
             .await?;
-            Answer::Matched(replaced)
+            let matched = replaced.is_some();
+            if let Some((_, after)) = replaced {
+                images.wrote(None, (kind == PayloadKind::App).then_some(after));
+            }
+            Answer::Matched(matched)
         }
         Step::ReplaceCopy(_, payload) => {
             let filter = crate::envelope::pristine_copy_of(keys.id);
@@ -212,12 +307,43 @@ async fn execute(
                     set.insert(format!("{META}.mig"), m);
                 }
             }
-            let w = command::update_one(db, coll, live, update, false, wc, deadline)
-                .await
-                .map_err(command_error)?;
-            Answer::Matched(w.matched())
+            if keys.terms.image == Image::None {
+                let w = command::update_one(db, coll, live, update, false, wc, deadline)
+                    .await
+                    .map_err(command_error)?;
+                return Ok(Answer::Matched(w.matched()));
+            }
+            // The image and the write in one server operation: no writer gets in between.
+            let after = keys.terms.image == Image::After;
+            let image = command::find_and_modify(
+                db,
+                coll,
+                live,
+                Modify::Update(update.into()),
+                after,
+                wc,
+                deadline,
+            )
+            .await
+            .map_err(command_error)?;
+            let matched = image.is_some();
+            if after {
+                images.wrote(None, image);
+            } else {
+                images.wrote(image, None);
+            }
+            Answer::Matched(matched)
         }
         Step::Delete(_) => delete(by_id).await?,
+        Step::DeleteLive(_) if keys.terms.image == Image::Before => {
+            let image =
+                command::find_and_modify(db, coll, live, Modify::Remove, false, wc, deadline)
+                    .await
+                    .map_err(command_error)?;
+            let matched = image.is_some();
+            images.wrote(image, None);
+            Answer::Matched(matched)
+        }
         Step::DeleteLive(_) => delete(live).await?,
         Step::DeleteTombstone(_) => delete(tombstone).await?,
         Step::MirrorToSource => unreachable!("handled above"),
@@ -362,8 +488,8 @@ async fn mirror_to_source(
 
 /// Replaces the document matching `filter` by `make(previous revision + 1)`, as one atomic
 /// compare-and-set on the revision it read: a concurrent writer that got in between makes the
-/// replace match nothing, and it is tried again on the new revision. Returns false when no
-/// document matches `filter` any more.
+/// replace match nothing, and it is tried again on the new revision. Returns the document it
+/// replaced and the one it wrote, or `None` when no document matches `filter` any more.
 async fn replace_next_revision(
     db: &Database,
     coll: &str,
@@ -371,13 +497,13 @@ async fn replace_next_revision(
     wc: &mongodb::options::WriteConcern,
     deadline: Instant,
     make: impl Fn(i64) -> Document,
-) -> Result<bool, StepError> {
+) -> Result<Option<(Document, Document)>, StepError> {
     loop {
         let current = command::find_one(db, coll, filter.clone(), deadline)
             .await
             .map_err(command_error)?;
         let Some(current) = current else {
-            return Ok(false);
+            return Ok(None);
         };
         let rev = revision(&current);
         let mut cas = filter.clone();
@@ -386,11 +512,43 @@ async fn replace_next_revision(
         } else {
             cas.insert(format!("{META}.rev"), rev);
         }
-        let w = command::update_one(db, coll, cas, make(rev + 1), false, wc, deadline)
+        let next = make(rev + 1);
+        let w = command::update_one(db, coll, cas, next.clone(), false, wc, deadline)
             .await
             .map_err(command_error)?;
         if w.matched() {
-            return Ok(true);
+            return Ok(Some((current, next)));
+        }
+    }
+}
+
+/// Whether the document `by_id` finds at `location` matches `condition` too, asked of the
+/// server (which compares as the collection's collation says).
+async fn matches_at(
+    inner: &Inner,
+    location: &Location,
+    by_id: &Document,
+    condition: &Document,
+    deadline: Instant,
+) -> Result<bool, StepError> {
+    let both = doc! { "$and": [by_id.clone(), condition.clone()] };
+    Ok(probe(inner, location, &both, deadline).await?.is_some())
+}
+
+/// What a payload is, once it has been materialised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PayloadKind {
+    App,
+    Copy,
+    Tombstone,
+}
+
+impl PayloadKind {
+    fn of<D>(payload: &Payload<D>) -> PayloadKind {
+        match payload {
+            Payload::App(_) => PayloadKind::App,
+            Payload::Copy(_) => PayloadKind::Copy,
+            Payload::Tombstone => PayloadKind::Tombstone,
         }
     }
 }

@@ -26,7 +26,7 @@ pub struct Page {
 }
 
 /// Every location that can hold documents of `tenant` under `version`.
-fn tenant_locations(version: &RoutingVersion, tenant: &KeyValue) -> Vec<Location> {
+pub(super) fn tenant_locations(version: &RoutingVersion, tenant: &KeyValue) -> Vec<Location> {
     let mut out = BTreeSet::new();
     match version.layout() {
         Layout::Hashed {

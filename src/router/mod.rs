@@ -63,6 +63,7 @@
 
 mod exec;
 mod list;
+mod query;
 mod shadow;
 mod stats;
 
@@ -85,8 +86,9 @@ use crate::store::{within, Store, StoreError, CHANNEL};
 /// tried again at the next interval): a server cut off by the network answers nothing.
 const STORE_CALL_LIMIT: Duration = Duration::from_secs(15);
 
-pub use exec::is_duplicate_key;
+pub use exec::{is_duplicate_key, Image, Terms};
 pub use list::Page;
+pub use query::{Order, Query, QueryCursor, MAX_SOURCE_MATCHES};
 use stats::OperationStats;
 
 /// How a router behaves. [`RouterConfig::named`] gives the defaults.
@@ -215,6 +217,12 @@ pub enum RouterError {
     Write(String),
     #[error("writes are held by the write switch and did not resume within {0:?}; retry")]
     WriteHeld(Duration),
+    #[error("reads of many documents wait while a rollback switches reads back to the source, and the switch did not end within {0:?}; retry")]
+    ReadHeld(Duration),
+    #[error("the migration moved from {planned} to {now}, whose reads this cursor's do not match; run the query again")]
+    CursorOutdated { planned: Phase, now: Phase },
+    #[error("the query matches more than {0} documents that only the source layout holds yet (the backfill has not copied them), which the router holds in memory to merge; narrow the filter or wait for the backfill")]
+    QueryTooLarge(usize),
     #[error("id {0} already exists")]
     DuplicateId(String),
     #[error("the document has no {0:?} field")]
@@ -513,7 +521,9 @@ impl Router {
         id: impl Into<Bson>,
     ) -> Result<Option<Document>, RouterError> {
         let (tenant, id) = (tenant.into(), id.into());
-        let (outcome, snapshot) = self.run_on("get", &tenant, &id, Operation::Get).await?;
+        let (outcome, _, snapshot) = self
+            .run_on("get", &tenant, &id, Operation::Get, &Terms::default())
+            .await?;
         let doc = match outcome {
             Outcome::Read(doc) => doc.map(crate::envelope::strip),
             other => unreachable_outcome("get", other),
@@ -630,6 +640,39 @@ impl Router {
         Ok((tenant, id))
     }
 
+    /// Runs one operation on the document with this tenant and id, under `terms`: a
+    /// condition the document must match besides its id, and the image of it to return. This
+    /// is the router's engine as the front drives it: `op` is any of the protocol's
+    /// operations (a conditional `Get`, an `Upsert`, ...), checked as the library's own calls
+    /// check theirs. `name` labels it in the statistics and metrics (`find_and_modify`, ...).
+    pub async fn execute(
+        &self,
+        name: &'static str,
+        tenant: Bson,
+        id: Bson,
+        op: Operation<Document, Document>,
+        terms: &Terms,
+    ) -> Result<Executed, RouterError> {
+        {
+            let snapshot = self.snapshot().await;
+            match &op {
+                Operation::Get | Operation::Delete => {}
+                Operation::Insert(doc) | Operation::Replace { doc, .. } => {
+                    exec::check_document(doc)?;
+                    check_keys(&snapshot, doc, &tenant, &id)?;
+                }
+                Operation::Update(update) => exec::check_update(&snapshot, update)?,
+                Operation::Upsert { update, insert } => {
+                    exec::check_update(&snapshot, update)?;
+                    exec::check_document(insert)?;
+                    check_keys(&snapshot, insert, &tenant, &id)?;
+                }
+            }
+        }
+        let (outcome, image, _) = self.run_on(name, &tenant, &id, op, terms).await?;
+        Ok(Executed { outcome, image })
+    }
+
     /// Runs one operation under the current epoch; while the phase holds writes, waits for the
     /// phase to move on (without holding up the epoch switch) up to the hold timeout.
     async fn run(
@@ -639,19 +682,21 @@ impl Router {
         id: &Bson,
         op: Operation<Document, Document>,
     ) -> Result<Outcome<Document>, RouterError> {
-        Ok(self.run_on(name, tenant, id, op).await?.0)
+        Ok(self.run_on(name, tenant, id, op, &Terms::default()).await?.0)
     }
 
-    /// [`Router::run`], with the snapshot the operation ran on.
+    /// [`Router::run`] under `terms`, with the image asked for and the snapshot the operation
+    /// ran on.
     async fn run_on(
         &self,
         name: &'static str,
         tenant: &Bson,
         id: &Bson,
         op: Operation<Document, Document>,
-    ) -> Result<(Outcome<Document>, Arc<Snapshot>), RouterError> {
+        terms: &Terms,
+    ) -> Result<(Outcome<Document>, Option<Document>, Arc<Snapshot>), RouterError> {
         let started = Instant::now();
-        let result = self.run_held(tenant, id, op).await;
+        let result = self.run_held(tenant, id, op, terms).await;
         self.inner.record(name, started, result.is_ok());
         result
     }
@@ -661,14 +706,15 @@ impl Router {
         tenant: &Bson,
         id: &Bson,
         op: Operation<Document, Document>,
-    ) -> Result<(Outcome<Document>, Arc<Snapshot>), RouterError> {
+        terms: &Terms,
+    ) -> Result<(Outcome<Document>, Option<Document>, Arc<Snapshot>), RouterError> {
         let tenant_key = KeyValue::from_bson(tenant)?;
         let id_key = KeyValue::from_bson(id)?;
         let deadline = tokio::time::Instant::now() + self.inner.config.hold_timeout;
         let mut epochs = self.inner.epochs.subscribe();
         loop {
             self.inner.check_lease()?;
-            let (outcome, snapshot) = {
+            let (outcome, image, snapshot) = {
                 let snapshot = self.inner.snapshot.read().await;
                 self.inner.check_open()?;
                 let keys = exec::Keys {
@@ -676,13 +722,14 @@ impl Router {
                     id,
                     tenant_key: &tenant_key,
                     id_key: &id_key,
+                    terms,
                 };
-                let outcome =
+                let (outcome, image) =
                     exec::run_operation(&self.inner, &snapshot, &keys, op.clone()).await?;
-                (outcome, Arc::clone(&*snapshot))
+                (outcome, image, Arc::clone(&*snapshot))
             };
             if outcome != Outcome::Held {
-                return Ok((outcome, snapshot));
+                return Ok((outcome, image, snapshot));
             }
             epochs.borrow_and_update();
             if tokio::time::timeout_at(deadline, epochs.changed())
@@ -693,6 +740,30 @@ impl Router {
             }
         }
     }
+}
+
+/// What [`Router::execute`] did: the operation's outcome, and the image of the document it
+/// asked for ([`Terms::image`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Executed {
+    pub outcome: Outcome<Document>,
+    pub image: Option<Document>,
+}
+
+/// A whole document the application hands over for `tenant` and `id` must carry them: the
+/// front takes both from the command's filter, the document has its own.
+fn check_keys(snapshot: &Snapshot, doc: &Document, tenant: &Bson, id: &Bson) -> Result<(), RouterError> {
+    let tenant_key = &snapshot.target.tenant_key;
+    let same = |field: &str, expected: &Bson| {
+        doc.get(field).is_some_and(|v| crate::ids::key(v) == crate::ids::key(expected))
+    };
+    if !same(tenant_key, tenant) {
+        return Err(RouterError::ImmutableField(tenant_key.clone()));
+    }
+    if !same("_id", id) {
+        return Err(RouterError::ImmutableField("_id".to_owned()));
+    }
+    Ok(())
 }
 
 /// Runs `attempt` until it has started the router, failed for another reason than a state

@@ -195,6 +195,57 @@ pub async fn delete_one(
     written(run(db, command, deadline, Effect::Writes).await?)
 }
 
+/// What a [`find_and_modify`] does to the document it finds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Modify {
+    /// Update operators (or a replacement document) applied to it.
+    Update(Bson),
+    /// Remove it.
+    Remove,
+}
+
+/// Modifies (or removes) the first document matching `filter` in one atomic step and returns
+/// it as it was before (`after: false`) or as it is after (`after: true`, an update only);
+/// `None` when nothing matched. For a router step that must hand the application the
+/// document it changed (`findAndModify`): the image and the write are one server operation,
+/// so no other writer gets in between.
+pub async fn find_and_modify(
+    db: &Database,
+    collection: &str,
+    filter: Document,
+    modify: Modify,
+    after: bool,
+    write_concern: &WriteConcern,
+    deadline: Instant,
+) -> Result<Option<Document>, CommandError> {
+    let mut command = doc! { "findAndModify": collection, "query": filter };
+    match modify {
+        Modify::Update(update) => {
+            command.insert("update", update);
+            command.insert("new", after);
+        }
+        Modify::Remove => {
+            command.insert("remove", true);
+        }
+    }
+    let reply = run(
+        db,
+        with_concern(command, write_concern),
+        deadline,
+        Effect::Writes,
+    )
+    .await?;
+    // A write concern that could not be confirmed is an error, as for the other writes.
+    let outcome = failures_from_reply(&reply, 1);
+    if let Some((_, failure)) = outcome.failures.into_iter().next() {
+        return Err(CommandError::Write(Box::new(failure)));
+    }
+    Ok(match reply.get("value") {
+        Some(Bson::Document(d)) => Some(d.clone()),
+        _ => None,
+    })
+}
+
 fn with_concern(mut command: Document, write_concern: &WriteConcern) -> Document {
     if let Ok(concern) = mongodb::bson::to_document(write_concern) {
         if !concern.is_empty() {

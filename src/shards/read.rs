@@ -110,6 +110,27 @@ impl Shards {
         self.scan_as(location, filter, None, batch_size).await
     }
 
+    /// The documents at `location` matching `filter`, read as `options` says, through one
+    /// cursor with a batch read ahead (the front's reads of a routed collection: the server
+    /// evaluates the application's filter, sort and projection; the caller merges).
+    pub async fn query(
+        &self,
+        location: &Location,
+        filter: Document,
+        options: QueryOptions,
+    ) -> Result<Scan, ReadError> {
+        let batch = options.batch_size.max(1) as usize;
+        let find = mongodb::options::FindOptions::builder()
+            .sort(options.sort)
+            .projection(options.projection)
+            .limit(options.limit)
+            .batch_size(batch.min(u32::MAX as usize) as u32)
+            .max_time(options.max_time)
+            .build();
+        self.read_as(location, filter, find, Arc::new(move || batch))
+            .await
+    }
+
     async fn scan_as<T>(
         &self,
         location: &Location,
@@ -126,6 +147,19 @@ impl Shards {
             .projection(projection)
             .batch_size(first)
             .build();
+        self.read_as(location, filter, options, batch_size).await
+    }
+
+    async fn read_as<T>(
+        &self,
+        location: &Location,
+        filter: Document,
+        options: mongodb::options::FindOptions,
+        batch_size: Arc<dyn Fn() -> usize + Send + Sync>,
+    ) -> Result<Scan<T>, ReadError>
+    where
+        T: serde::de::DeserializeOwned + Send + Sync + Unpin + 'static,
+    {
         let cursor = self
             .collection(location)?
             .clone_with_type::<T>()
@@ -167,6 +201,21 @@ impl Shards {
         });
         Ok(Scan { rx, reader })
     }
+}
+
+/// How a [`Shards::query`] reads.
+#[derive(Clone, Debug, Default)]
+pub struct QueryOptions {
+    /// Only these fields (`None`: whole documents).
+    pub projection: Option<Document>,
+    /// In this order (`None`: the server's).
+    pub sort: Option<Document>,
+    /// At most this many (`None`: all).
+    pub limit: Option<i64>,
+    /// Documents per batch.
+    pub batch_size: u32,
+    /// The server gives up on the query by then (`maxTimeMS`).
+    pub max_time: Option<std::time::Duration>,
 }
 
 /// A scan in progress ([`Shards::scan`]). Dropping it stops the reader.
