@@ -145,7 +145,7 @@ fn command_error(e: CommandError) -> StepError {
     match e {
         CommandError::NotSent => StepError::NotSent,
         CommandError::NoAnswer => StepError::NoAnswer,
-        CommandError::Write(failure) => StepError::Router(RouterError::Write(failure.describe())),
+        CommandError::Write(failure) => StepError::Router(RouterError::Write(failure)),
         CommandError::Mongo(e) => StepError::Router(RouterError::Mongo(e)),
     }
 }

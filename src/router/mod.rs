@@ -213,8 +213,8 @@ pub enum RouterError {
     },
     #[error("the router's lease ran out before the operation finished: its write may or may not have been applied (nothing of it can land later); read the document back, or retry an idempotent write")]
     OutcomeUnknown,
-    #[error("the shard refused the write: {0}")]
-    Write(String),
+    #[error("the shard refused the write: {}", .0.describe())]
+    Write(Box<crate::copy::classify::WriteFailure>),
     #[error("writes are held by the write switch and did not resume within {0:?}; retry")]
     WriteHeld(Duration),
     #[error("reads of many documents wait while a rollback switches reads back to the source, and the switch did not end within {0:?}; retry")]
@@ -682,7 +682,10 @@ impl Router {
         id: &Bson,
         op: Operation<Document, Document>,
     ) -> Result<Outcome<Document>, RouterError> {
-        Ok(self.run_on(name, tenant, id, op, &Terms::default()).await?.0)
+        Ok(self
+            .run_on(name, tenant, id, op, &Terms::default())
+            .await?
+            .0)
     }
 
     /// [`Router::run`] under `terms`, with the image asked for and the snapshot the operation
@@ -752,10 +755,16 @@ pub struct Executed {
 
 /// A whole document the application hands over for `tenant` and `id` must carry them: the
 /// front takes both from the command's filter, the document has its own.
-fn check_keys(snapshot: &Snapshot, doc: &Document, tenant: &Bson, id: &Bson) -> Result<(), RouterError> {
+fn check_keys(
+    snapshot: &Snapshot,
+    doc: &Document,
+    tenant: &Bson,
+    id: &Bson,
+) -> Result<(), RouterError> {
     let tenant_key = &snapshot.target.tenant_key;
     let same = |field: &str, expected: &Bson| {
-        doc.get(field).is_some_and(|v| crate::ids::key(v) == crate::ids::key(expected))
+        doc.get(field)
+            .is_some_and(|v| crate::ids::key(v) == crate::ids::key(expected))
     };
     if !same(tenant_key, tenant) {
         return Err(RouterError::ImmutableField(tenant_key.clone()));

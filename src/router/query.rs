@@ -338,7 +338,12 @@ fn options(query: &Query, limit: Option<u64>, deadline: Instant) -> QueryOptions
 /// Whether `version` places `doc` (of `tenant`) at `location`: a location both versions use
 /// holds documents of either, and each counts only for the version that places it there. A
 /// document whose `_id` cannot be routed counts where the tenant has one location only.
-fn places(version: &RoutingVersion, tenant: &KeyValue, doc: &Document, location: &Location) -> bool {
+fn places(
+    version: &RoutingVersion,
+    tenant: &KeyValue,
+    doc: &Document,
+    location: &Location,
+) -> bool {
     let Some(id) = doc.get("_id") else {
         return false;
     };
@@ -424,7 +429,9 @@ impl QueryCursor {
     /// place.
     fn judge(&mut self, stream: usize, doc: Document) -> Option<Document> {
         let location = &self.streams[stream].location;
-        let tenant = doc.get(&self.tenant_key).and_then(|t| KeyValue::from_bson(t).ok())?;
+        let tenant = doc
+            .get(&self.tenant_key)
+            .and_then(|t| KeyValue::from_bson(t).ok())?;
         if !places(&self.version, &tenant, &doc, location) {
             return None;
         }
@@ -441,9 +448,12 @@ impl QueryCursor {
 
     /// Where the next document in the merge's order comes from.
     fn pick(&self) -> Option<Pick> {
-        let mut best: Option<(Pick, &Document)> = self.survivors.front().map(|d| (Pick::Survivor, d));
+        let mut best: Option<(Pick, &Document)> =
+            self.survivors.front().map(|d| (Pick::Survivor, d));
         for (i, s) in self.streams.iter().enumerate() {
-            let Some(head) = s.buffer.front() else { continue };
+            let Some(head) = s.buffer.front() else {
+                continue;
+            };
             let better = match (&best, &self.order) {
                 (None, _) => true,
                 (Some((_, b)), Some(order)) => order(head, b) == Ordering::Less,

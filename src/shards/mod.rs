@@ -8,6 +8,7 @@
 
 pub mod collections;
 pub mod command;
+pub mod passthrough;
 mod reachability;
 pub mod read;
 

@@ -151,6 +151,15 @@ impl Store {
         rows.into_iter().map(version_from_row).collect()
     }
 
+    /// The collections that have a routing version: the ones routers route.
+    pub async fn routed_collections(&self) -> StoreResult<Vec<String>> {
+        let rows: Vec<(String,)> =
+            sqlx::query_as("SELECT DISTINCT collection FROM routing_versions ORDER BY collection")
+                .fetch_all(self.pool())
+                .await?;
+        Ok(rows.into_iter().map(|(c,)| c).collect())
+    }
+
     /// One version, or the latest of the collection when `version` is `None`.
     pub async fn version(
         &self,
