@@ -15,7 +15,15 @@ pub enum ErrorCode {
     InternalError,
     BadValue,
     FailedToParse,
+    /// A command other than the few allowed before authentication, on a connection that has
+    /// not authenticated while the front has users.
+    Unauthorized,
     TypeMismatch,
+    /// A SASL message out of order: `saslContinue` without a conversation, or of another
+    /// conversation.
+    ProtocolError,
+    /// A SASL step that failed, whatever the reason (the log says which).
+    AuthenticationFailed,
     /// `getMore` of a cursor the front does not hold.
     CursorNotFound,
     /// A command no handler answers.
@@ -27,25 +35,34 @@ pub enum ErrorCode {
     OperationFailed,
     /// A second `client` metadata document on one connection.
     ClientMetadataCannotBeMutated,
+    /// A SASL mechanism other than SCRAM-SHA-256.
+    MechanismUnavailable,
     /// A command other than the handshake over the legacy `OP_QUERY` (removed in MongoDB 5.1).
     UnsupportedOpQueryCommand,
+    /// A required field of a command is missing (an IDL parser's location code).
+    Location40414,
     /// An `OP_MSG` body without `$db` (a location code: MongoDB names it after its number).
     Location40571,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::InternalError,
         ErrorCode::BadValue,
         ErrorCode::FailedToParse,
+        ErrorCode::Unauthorized,
         ErrorCode::TypeMismatch,
+        ErrorCode::ProtocolError,
+        ErrorCode::AuthenticationFailed,
         ErrorCode::CursorNotFound,
         ErrorCode::CommandNotFound,
         ErrorCode::InvalidOptions,
         ErrorCode::InvalidNamespace,
         ErrorCode::OperationFailed,
         ErrorCode::ClientMetadataCannotBeMutated,
+        ErrorCode::MechanismUnavailable,
         ErrorCode::UnsupportedOpQueryCommand,
+        ErrorCode::Location40414,
         ErrorCode::Location40571,
     ];
 
@@ -55,14 +72,19 @@ impl ErrorCode {
             ErrorCode::InternalError => 1,
             ErrorCode::BadValue => 2,
             ErrorCode::FailedToParse => 9,
+            ErrorCode::Unauthorized => 13,
             ErrorCode::TypeMismatch => 14,
+            ErrorCode::ProtocolError => 17,
+            ErrorCode::AuthenticationFailed => 18,
             ErrorCode::CursorNotFound => 43,
             ErrorCode::CommandNotFound => 59,
             ErrorCode::InvalidOptions => 72,
             ErrorCode::InvalidNamespace => 73,
             ErrorCode::OperationFailed => 96,
             ErrorCode::ClientMetadataCannotBeMutated => 186,
+            ErrorCode::MechanismUnavailable => 334,
             ErrorCode::UnsupportedOpQueryCommand => 352,
+            ErrorCode::Location40414 => 40414,
             ErrorCode::Location40571 => 40571,
         }
     }
@@ -73,14 +95,19 @@ impl ErrorCode {
             ErrorCode::InternalError => "InternalError",
             ErrorCode::BadValue => "BadValue",
             ErrorCode::FailedToParse => "FailedToParse",
+            ErrorCode::Unauthorized => "Unauthorized",
             ErrorCode::TypeMismatch => "TypeMismatch",
+            ErrorCode::ProtocolError => "ProtocolError",
+            ErrorCode::AuthenticationFailed => "AuthenticationFailed",
             ErrorCode::CursorNotFound => "CursorNotFound",
             ErrorCode::CommandNotFound => "CommandNotFound",
             ErrorCode::InvalidOptions => "InvalidOptions",
             ErrorCode::InvalidNamespace => "InvalidNamespace",
             ErrorCode::OperationFailed => "OperationFailed",
             ErrorCode::ClientMetadataCannotBeMutated => "ClientMetadataCannotBeMutated",
+            ErrorCode::MechanismUnavailable => "MechanismUnavailable",
             ErrorCode::UnsupportedOpQueryCommand => "UnsupportedOpQueryCommand",
+            ErrorCode::Location40414 => "Location40414",
             ErrorCode::Location40571 => "Location40571",
         }
     }
@@ -118,6 +145,14 @@ impl CommandError {
         )
     }
 
+    /// A required field left out, worded as MongoDB's command parsers word it.
+    pub fn missing_field(command: &str, field: &str) -> Self {
+        CommandError::new(
+            ErrorCode::Location40414,
+            format!("BSON field '{command}.{field}' is missing but a required field"),
+        )
+    }
+
     /// The reply document: `{ok: 0, errmsg, code, codeName}`.
     pub fn to_document(&self) -> Document {
         doc! {
@@ -140,14 +175,19 @@ mod tests {
             (1, "InternalError"),
             (2, "BadValue"),
             (9, "FailedToParse"),
+            (13, "Unauthorized"),
             (14, "TypeMismatch"),
+            (17, "ProtocolError"),
+            (18, "AuthenticationFailed"),
             (43, "CursorNotFound"),
             (59, "CommandNotFound"),
             (72, "InvalidOptions"),
             (73, "InvalidNamespace"),
             (96, "OperationFailed"),
             (186, "ClientMetadataCannotBeMutated"),
+            (334, "MechanismUnavailable"),
             (352, "UnsupportedOpQueryCommand"),
+            (40414, "Location40414"),
             (40571, "Location40571"),
         ];
         let got: Vec<(i32, &str)> = ErrorCode::ALL
