@@ -756,6 +756,19 @@ async fn reshard_front_with_users_and_tls_serves_authenticated_clients_over_tls(
         "{options}"
     );
     drop(client);
+    let wrong = Client::with_uri_str(format!(
+        "mongodb://{USER}:not-it@localhost:{port}/?serverSelectionTimeoutMS=10000&tls=true&tlsCAFile={}",
+        certificates.path("ca.pem").display()
+    ))
+    .await
+    .unwrap();
+    let error = wrong
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap_err();
+    assert_eq!(server_error(&error).map(|e| e.0), Some(18), "{error:?}");
+    drop(wrong);
 
     let pid = i32::try_from(child.id().unwrap()).unwrap();
     // SAFETY: sending a signal to the child this test started and still holds.
@@ -769,7 +782,20 @@ async fn reshard_front_with_users_and_tls_serves_authenticated_clients_over_tls(
     assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
     assert!(stderr.contains("authentication=SCRAM-SHA-256"), "{stderr}");
     assert!(stderr.contains("?tls=true"), "{stderr}");
-    assert!(!stderr.contains(PASSWORD) && !stdout.contains(PASSWORD));
+    // The failed attempt is logged with its user and reason, and nothing of its messages: no
+    // password, no nonce, no proof.
+    let failure = stderr
+        .lines()
+        .find(|l| l.contains("front: authentication failed"))
+        .unwrap_or_else(|| panic!("no failed authentication logged: {stderr}"));
+    assert!(failure.contains("user=orders@admin"), "{failure}");
+    assert!(failure.contains("a wrong password"), "{failure}");
+    for secret in [PASSWORD, "not-it", "c=biws", ",p=", ",r="] {
+        assert!(
+            !stderr.contains(secret) && !stdout.contains(secret),
+            "{secret}: {stderr}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,9 @@
 //! `["SCRAM-SHA-256"]` for every well-formed name, whether or not the users file holds it
 //! (MongoDB leaves the field out for an unknown user, and drivers then try SCRAM-SHA-1, which
 //! the front does not speak: the client would get 334 about SCRAM-SHA-1 instead of 18). So an
-//! unknown user fails as a wrong password does, and `hello` tells no one which users exist.
+//! unknown user fails with 18 as a wrong password does, and `hello` tells no one which users
+//! exist (`saslStart` still does, as MongoDB's: it fails at once for an unknown user, at the
+//! proof for a known one).
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -137,10 +139,10 @@ fn failed(
     let connection = &*context.connection;
     if speculative {
         tracing::debug!(peer = %connection.peer, connection = connection.id, %user,
-            mechanism = auth::MECHANISM, %reason, "front: speculative authentication failed");
+            mechanism = %auth::MECHANISM, %reason, "front: speculative authentication failed");
     } else {
         tracing::warn!(peer = %connection.peer, connection = connection.id, %user,
-            mechanism = auth::MECHANISM, %reason, "front: authentication failed");
+            mechanism = %auth::MECHANISM, %reason, "front: authentication failed");
     }
     authentication_failed()
 }
@@ -273,7 +275,7 @@ fn continue_conversation(context: &mut Context<'_>, command: &Command) -> Reply 
         Ok(Step::Done { payload, user }) => {
             let connection = &*context.connection;
             tracing::debug!(peer = %connection.peer, connection = connection.id,
-                user = %user, mechanism = auth::MECHANISM, "front: authenticated");
+                user = %user, mechanism = %auth::MECHANISM, "front: authenticated");
             Ok(doc! {
                 "conversationId": CONVERSATION_ID,
                 "done": true,
