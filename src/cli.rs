@@ -109,7 +109,9 @@ pub enum Command {
     /// Serve the MongoDB wire protocol: applications connect with their own MongoDB driver
     /// (`mongodb://HOST:PORT/`), as to a `mongos`. So far it answers the handshake and the
     /// diagnostic commands drivers and shells send; the routed commands come later. Runs until
-    /// SIGINT/SIGTERM, then finishes the requests in flight and prints what it served.
+    /// SIGINT/SIGTERM, then finishes the requests in flight and prints what it served. With
+    /// --users-file clients authenticate (SCRAM-SHA-256); with --tls-cert-file and
+    /// --tls-key-file they connect over TLS (`tls=true`).
     Front(FrontArgs),
     /// Approve a playbook's manual gate; the next `reshard run` goes past it.
     Approve {
@@ -159,7 +161,10 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct FrontArgs {
+    #[command(subcommand)]
+    pub command: Option<FrontCommand>,
     /// Where to listen: `HOST:PORT` (`localhost:27018`, `10.0.0.5:27018`), or `:PORT` for
     /// every interface.
     #[arg(
@@ -169,6 +174,47 @@ pub struct FrontArgs {
         value_parser = parse_listen_addr
     )]
     pub listen: std::net::SocketAddr,
+    /// Require authentication (SCRAM-SHA-256) as one of the users in this JSON file: every
+    /// command but the handshake, `ping`, `buildInfo` and `connectionStatus` is refused
+    /// (Unauthorized, 13) until the connection authenticated. The file holds
+    /// `{"users": [ENTRY, ...]}`, each entry as `reshard front hash-user NAME` prints it (stored
+    /// credentials, never a password). Without it, no one authenticates.
+    #[arg(long, value_name = "PATH")]
+    pub users_file: Option<PathBuf>,
+    /// Serve TLS only, with this certificate chain (PEM: the server's certificate first, then
+    /// any intermediates). Needs --tls-key-file.
+    #[arg(long, value_name = "PATH", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of --tls-cert-file (PEM: PKCS#8, PKCS#1 RSA or SEC1 EC).
+    #[arg(long, value_name = "PATH", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FrontCommand {
+    /// Make a users-file entry: reads the password from stdin (asked twice, without echo, on a
+    /// terminal; else the first line, without its line ending), prints the entry's JSON with
+    /// SCRAM-SHA-256 stored credentials (a random salt, the iteration count, StoredKey,
+    /// ServerKey), never the password.
+    HashUser(HashUserArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HashUserArgs {
+    /// The user's name, as clients write it in their connection string.
+    pub name: String,
+    /// The user's authentication database (`authSource` in the connection string).
+    #[arg(long, default_value = "admin", value_name = "DB")]
+    pub db: String,
+    /// PBKDF2 rounds (MongoDB's default; at least 5000, MongoDB's minimum). More rounds make
+    /// a guessed password dearer to check, for an attacker and for each client's first
+    /// connection alike.
+    #[arg(
+        long,
+        default_value_t = crate::front::auth::DEFAULT_ITERATIONS,
+        value_parser = clap::value_parser!(u32).range(i64::from(crate::front::auth::MIN_ITERATIONS)..)
+    )]
+    pub iterations: u32,
 }
 
 #[derive(Debug, Args)]

@@ -305,6 +305,35 @@ fn the_wire_codec_does_no_io() {
     );
 }
 
+/// SCRAM and the users file are pure too (ARCHITECTURE.md, "Architecture invariants"): no I/O,
+/// no async runtime and no randomness (the handlers bring the nonce, `hash-user` the salt), so
+/// the exchange is tested by value against RFC 7677's vector.
+#[test]
+fn the_scram_logic_does_no_io() {
+    let file = root().join("src/front/auth.rs");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let forbidden = [
+        "tokio", "std::net", "std::fs", "std::io", "async ", ".await", "rand", "tracing",
+    ];
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            continue;
+        }
+        for word in forbidden {
+            if code.contains(word) {
+                found.push(format!("src/front/auth.rs:{}: {}", n + 1, code.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the SCRAM logic names I/O:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_reader_finds_every_form_of_a_crate_path() {
     let path = vec!["router".to_owned(), "exec".to_owned()];

@@ -18,8 +18,15 @@ pub enum ErrorCode {
     /// A location (a shard, the passthrough, the state store) did not answer.
     HostUnreachable,
     FailedToParse,
+    /// A command other than the few allowed before authentication, on a connection that has
+    /// not authenticated while the front has users.
     Unauthorized,
     TypeMismatch,
+    /// A SASL message out of order: `saslContinue` without a conversation, or of another
+    /// conversation.
+    ProtocolError,
+    /// A SASL step that failed, whatever the reason (the log says which).
+    AuthenticationFailed,
     /// What a standalone server answers to a transaction: the front holds none.
     IllegalOperation,
     NamespaceNotFound,
@@ -52,23 +59,29 @@ pub enum ErrorCode {
     ExceededTimeLimit,
     OperationNotSupportedInTransaction,
     QueryExceededMemoryLimitNoDiskUseAllowed,
+    /// A SASL mechanism other than SCRAM-SHA-256.
+    MechanismUnavailable,
     /// A command other than the handshake over the legacy `OP_QUERY` (removed in MongoDB 5.1).
     UnsupportedOpQueryCommand,
     DuplicateKey,
     /// The router's lease could not be renewed in time: nothing was applied; transient.
     StaleConfig,
+    /// A required field of a command is missing (an IDL parser's location code).
+    Location40414,
     /// An `OP_MSG` body without `$db` (a location code: MongoDB names it after its number).
     Location40571,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 34] = [
         ErrorCode::InternalError,
         ErrorCode::BadValue,
         ErrorCode::HostUnreachable,
         ErrorCode::FailedToParse,
         ErrorCode::Unauthorized,
         ErrorCode::TypeMismatch,
+        ErrorCode::ProtocolError,
+        ErrorCode::AuthenticationFailed,
         ErrorCode::IllegalOperation,
         ErrorCode::NamespaceNotFound,
         ErrorCode::ConflictingUpdateOperators,
@@ -89,9 +102,11 @@ impl ErrorCode {
         ErrorCode::ExceededTimeLimit,
         ErrorCode::OperationNotSupportedInTransaction,
         ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed,
+        ErrorCode::MechanismUnavailable,
         ErrorCode::UnsupportedOpQueryCommand,
         ErrorCode::DuplicateKey,
         ErrorCode::StaleConfig,
+        ErrorCode::Location40414,
         ErrorCode::Location40571,
     ];
 
@@ -104,6 +119,8 @@ impl ErrorCode {
             ErrorCode::FailedToParse => 9,
             ErrorCode::Unauthorized => 13,
             ErrorCode::TypeMismatch => 14,
+            ErrorCode::ProtocolError => 17,
+            ErrorCode::AuthenticationFailed => 18,
             ErrorCode::IllegalOperation => 20,
             ErrorCode::NamespaceNotFound => 26,
             ErrorCode::ConflictingUpdateOperators => 40,
@@ -124,9 +141,11 @@ impl ErrorCode {
             ErrorCode::ExceededTimeLimit => 262,
             ErrorCode::OperationNotSupportedInTransaction => 263,
             ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed => 292,
+            ErrorCode::MechanismUnavailable => 334,
             ErrorCode::UnsupportedOpQueryCommand => 352,
             ErrorCode::DuplicateKey => 11000,
             ErrorCode::StaleConfig => 13388,
+            ErrorCode::Location40414 => 40414,
             ErrorCode::Location40571 => 40571,
         }
     }
@@ -140,6 +159,8 @@ impl ErrorCode {
             ErrorCode::FailedToParse => "FailedToParse",
             ErrorCode::Unauthorized => "Unauthorized",
             ErrorCode::TypeMismatch => "TypeMismatch",
+            ErrorCode::ProtocolError => "ProtocolError",
+            ErrorCode::AuthenticationFailed => "AuthenticationFailed",
             ErrorCode::IllegalOperation => "IllegalOperation",
             ErrorCode::NamespaceNotFound => "NamespaceNotFound",
             ErrorCode::ConflictingUpdateOperators => "ConflictingUpdateOperators",
@@ -159,12 +180,12 @@ impl ErrorCode {
             ErrorCode::ClientMetadataCannotBeMutated => "ClientMetadataCannotBeMutated",
             ErrorCode::ExceededTimeLimit => "ExceededTimeLimit",
             ErrorCode::OperationNotSupportedInTransaction => "OperationNotSupportedInTransaction",
-            ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed => {
-                "QueryExceededMemoryLimitNoDiskUseAllowed"
-            }
+            ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed => "QueryExceededMemoryLimitNoDiskUseAllowed",
+            ErrorCode::MechanismUnavailable => "MechanismUnavailable",
             ErrorCode::UnsupportedOpQueryCommand => "UnsupportedOpQueryCommand",
             ErrorCode::DuplicateKey => "DuplicateKey",
             ErrorCode::StaleConfig => "StaleConfig",
+            ErrorCode::Location40414 => "Location40414",
             ErrorCode::Location40571 => "Location40571",
         }
     }
@@ -235,6 +256,14 @@ impl CommandError {
         )
     }
 
+    /// A required field left out, worded as MongoDB's command parsers word it.
+    pub fn missing_field(command: &str, field: &str) -> Self {
+        CommandError::new(
+            ErrorCode::Location40414,
+            format!("BSON field '{command}.{field}' is missing but a required field"),
+        )
+    }
+
     /// The reply document: `{ok: 0, errmsg, code, codeName}` (and `errorLabels`).
     pub fn to_document(&self) -> Document {
         let mut reply = doc! {
@@ -269,6 +298,8 @@ mod tests {
             (9, "FailedToParse"),
             (13, "Unauthorized"),
             (14, "TypeMismatch"),
+            (17, "ProtocolError"),
+            (18, "AuthenticationFailed"),
             (20, "IllegalOperation"),
             (26, "NamespaceNotFound"),
             (40, "ConflictingUpdateOperators"),
@@ -289,9 +320,11 @@ mod tests {
             (262, "ExceededTimeLimit"),
             (263, "OperationNotSupportedInTransaction"),
             (292, "QueryExceededMemoryLimitNoDiskUseAllowed"),
+            (334, "MechanismUnavailable"),
             (352, "UnsupportedOpQueryCommand"),
             (11000, "DuplicateKey"),
             (13388, "StaleConfig"),
+            (40414, "Location40414"),
             (40571, "Location40571"),
         ];
         let got: Vec<(i32, &str)> = ErrorCode::ALL

@@ -9,12 +9,17 @@
 //! - [`commands`]: dispatch, a table from command name to one handler, and the handlers;
 //!   errors leave as MongoDB errors through [`error::CommandError`].
 //!
+//! Beside them, [`auth`] holds SCRAM-SHA-256 and the users file (pure, like the codec), and
+//! [`tls`] the TLS handshake's configuration.
+//!
 //! The routed commands (CRUD) are to come: they are handlers in the same table whose
 //! executor is the router's engine, not a second router.
 
+pub mod auth;
 pub mod commands;
 pub mod error;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 pub use commands::{Command, Connection, Context, Dispatch, Handler, Reply, Spec};
@@ -52,4 +57,11 @@ pub struct Settings {
     pub logical_session_timeout_minutes: Option<u32>,
     /// The process's command line as `getCmdLineOpts` reports it (already redacted).
     pub argv: Vec<String>,
+    /// The users clients authenticate as (`--users-file`). With users, every command but the
+    /// handshake, the SASL conversation and a few diagnostics is refused on a connection that
+    /// has not authenticated, and `hello` advertises `SCRAM-SHA-256`; without (`None`), no
+    /// one authenticates and nothing is asked (`commands::auth`).
+    pub users: Option<std::sync::Arc<auth::Users>>,
+    /// TLS on every connection (`--tls-cert-file`, `--tls-key-file`), or none.
+    pub tls: Option<tls::Tls>,
 }

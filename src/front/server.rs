@@ -10,14 +10,16 @@
 //! or one the front does not serve closes that connection, logged at warn with the peer's
 //! address and the reason; no other connection notices. Nothing read from the network reaches
 //! a panic: every length is checked by the codec, and a task that panicked anyway is counted
-//! and logged, never taking the listener with it.
+//! and logged, never taking the listener with it. With TLS (`Settings::tls`), a connection
+//! begins with the TLS handshake, which has ten seconds to finish; then it is served the same
+//! way over the TLS stream.
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -54,7 +56,8 @@ pub struct Stats {
     /// Requests that came over the legacy `OP_QUERY` (the first handshake of drivers that
     /// still open with it).
     pub legacy_requests: u64,
-    /// Connections closed because of a malformed or refused message.
+    /// Connections closed because of a malformed or refused message, or a failed TLS
+    /// handshake.
     pub refused: u64,
     /// Connection tasks that panicked. A panic is a bug; this stays 0.
     pub panics: u64,
@@ -179,7 +182,7 @@ impl From<io::Error> for ReadError {
 
 async fn serve_connection(
     front: Arc<Front>,
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -189,27 +192,94 @@ async fn serve_connection(
     let local = stream
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let mut connection = Connection {
+    let connection = Connection {
         id: front.next_connection_id.fetch_add(1, Ordering::Relaxed),
         peer,
         local,
         client_metadata: None,
+        authentication: Default::default(),
     };
-    tracing::debug!(%peer, connection = connection.id, "front: connection accepted");
+    let id = connection.id;
+    tracing::debug!(%peer, connection = id, "front: connection accepted");
+    match &front.settings.tls {
+        None => serve_messages(&front, stream, connection, &mut shutdown).await,
+        Some(tls) => {
+            if let Some(stream) =
+                tls_handshake(&front, tls, stream, &connection, &mut shutdown).await
+            {
+                serve_messages(&front, stream, connection, &mut shutdown).await;
+            }
+        }
+    }
+    tracing::debug!(%peer, connection = id, "front: connection closed");
+}
+
+/// How long a client has to finish its TLS handshake once connected.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The server's side of the connection's TLS handshake; `None` (logged) when it fails, times
+/// out or the front stops meanwhile. A client that does not speak TLS fails here.
+async fn tls_handshake(
+    front: &Front,
+    tls: &super::tls::Tls,
+    stream: TcpStream,
+    connection: &Connection,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream));
+    let outcome = tokio::select! {
+        biased;
+        () = stopped(shutdown) => return None,
+        outcome = handshake => outcome,
+    };
+    let (peer, id) = (connection.peer, connection.id);
+    match outcome {
+        Ok(Ok(stream)) => Some(stream),
+        // Closed before a word (a load balancer's TCP check): nothing to report.
+        Ok(Err(error)) if error.kind() == io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(%peer, connection = id, "front: closed before its TLS handshake");
+            None
+        }
+        Ok(Err(error)) => {
+            front.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, connection = id, %error,
+                "front: closing the connection: its TLS handshake failed (a client without TLS?)");
+            None
+        }
+        Err(_) => {
+            front.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, connection = id, timeout = ?TLS_HANDSHAKE_TIMEOUT,
+                "front: closing the connection: its TLS handshake did not finish in time");
+            None
+        }
+    }
+}
+
+/// Reads, answers and writes the connection's messages until it closes, a message is refused,
+/// or the front stops.
+async fn serve_messages<S>(
+    front: &Front,
+    mut stream: S,
+    mut connection: Connection,
+    shutdown: &mut watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let peer = connection.peer;
     let limits = front.settings.limits;
     loop {
         // Between messages, and while one arrives, a shutdown closes the connection: no
         // request of it is being answered.
         let bytes = tokio::select! {
             biased;
-            () = stopped(&mut shutdown) => break,
+            () = stopped(shutdown) => break,
             read = read_message(&mut stream, &limits) => read,
         };
         let bytes = match bytes {
             Ok(Some(bytes)) => bytes,
             Ok(None) => break,
             Err(ReadError::Wire(reason)) => {
-                refuse(&front, &connection, &reason);
+                refuse(front, &connection, &reason);
                 break;
             }
             Err(ReadError::Cut { expected, got }) => {
@@ -231,7 +301,7 @@ async fn serve_connection(
         let request = match Request::decode(&bytes, &limits) {
             Ok(request) => request,
             Err(reason) => {
-                refuse(&front, &connection, &reason);
+                refuse(front, &connection, &reason);
                 break;
             }
         };
@@ -248,16 +318,20 @@ async fn serve_connection(
         if !request.expects_reply() {
             continue;
         }
-        let Some(frame) = reply_frame(&front, &request, reply) else {
+        let Some(frame) = reply_frame(front, &request, reply) else {
             tracing::error!(%peer, connection = connection.id, "front: no reply could be encoded");
             break;
         };
-        if let Err(error) = stream.write_all(&frame).await {
+        // A TLS stream holds what it is given until flushed; a TCP stream's flush does nothing.
+        let written = match stream.write_all(&frame).await {
+            Ok(()) => stream.flush().await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = written {
             tracing::debug!(%peer, connection = connection.id, %error, "front: write failed");
             break;
         }
     }
-    tracing::debug!(%peer, connection = connection.id, "front: connection closed");
 }
 
 fn refuse(front: &Front, connection: &Connection, reason: &WireError) {

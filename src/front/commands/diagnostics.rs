@@ -143,10 +143,11 @@ pub fn whatsmyuri(context: &mut Context<'_>, _: &Command) -> Reply {
     Ok(doc! {"you": context.connection.peer.to_string()})
 }
 
-/// No one is authenticated: the front has no authentication yet.
-pub fn connection_status(_: &mut Context<'_>, command: &Command) -> Reply {
+/// Who the connection authenticated as (no one without `--users-file`). The front has no
+/// roles: an authenticated user may run every command.
+pub fn connection_status(context: &mut Context<'_>, command: &Command) -> Reply {
     let mut auth_info = doc! {
-        "authenticatedUsers": [],
+        "authenticatedUsers": super::auth::authenticated_users(context.connection),
         "authenticatedUserRoles": [],
     };
     if command.body.get_bool("showPrivileges") == Ok(true) {

@@ -9,7 +9,8 @@
 //!   is set (see there: sessions bring retryable writes).
 //! - `compression`: the front does not implement `OP_COMPRESSED`, so it names no compressor
 //!   and drivers send uncompressed messages.
-//! - `saslSupportedMechs`: the front has no authentication yet.
+//! - `saslSupportedMechs` and `speculativeAuthenticate`: only when the front has users
+//!   (`--users-file`; `super::auth::handshake`).
 //!
 //! [`Settings::logical_session_timeout_minutes`]: crate::front::Settings
 
@@ -67,6 +68,7 @@ fn answer(context: &mut Context<'_>, command: &Command, primary_field: &str) -> 
     if command.body.get_bool("helloOk") == Ok(true) {
         reply.insert("helloOk", true);
     }
+    super::auth::handshake(context, command, &mut reply)?;
     Ok(reply)
 }
 

@@ -9,8 +9,10 @@
 //! To add a command: write its handler in the module of its kind (one of those below, or a
 //! new one), and add its row to [`COMMANDS`]. A handler that answers from what the front
 //! knows is [`Handler::Sync`]; one that waits on I/O (the routed commands, through the router's
-//! engine) is [`Handler::Async`].
+//! engine) is [`Handler::Async`]. When the front has users, a new command runs only on an
+//! authenticated connection unless it is listed in [`auth::WITHOUT_AUTHENTICATION`].
 
+pub mod auth;
 mod cursors;
 mod diagnostics;
 mod handshake;
@@ -58,6 +60,8 @@ pub struct Connection {
     pub local: SocketAddr,
     /// The `client` document of the connection's first `hello` (driver, application name).
     pub client_metadata: Option<Document>,
+    /// Whom the connection authenticated as, and the SASL conversation under way.
+    pub authentication: crate::front::auth::Authentication,
 }
 
 /// What a handler may use besides its command.
@@ -141,6 +145,10 @@ pub const COMMANDS: &[Spec] = &[
     Spec::sync("getCmdLineOpts", diagnostics::get_cmd_line_opts),
     Spec::sync("whatsmyuri", diagnostics::whatsmyuri),
     Spec::sync("connectionStatus", diagnostics::connection_status),
+    // Authentication (SCRAM-SHA-256, users from `--users-file`; see `auth::admit` for what
+    // runs before it).
+    Spec::sync("saslStart", auth::sasl_start),
+    Spec::sync("saslContinue", auth::sasl_continue),
     // Sessions and cursors, until the front holds either.
     Spec::sync("endSessions", sessions::end_sessions),
     Spec::sync("getMore", cursors::get_more),
@@ -177,7 +185,10 @@ impl Dispatch {
     /// Answers one request: the reply document, `ok: 1` or a MongoDB error. Whether it is
     /// sent is the server's decision (a `moreToCome` request gets none).
     pub async fn answer(&self, context: &mut Context<'_>, request: &Request) -> Document {
-        let reply = match self.route(request) {
+        let admitted = self
+            .route(request)
+            .and_then(|(spec, command)| auth::admit(context, &command).map(|()| (spec, command)));
+        let reply = match admitted {
             Ok((spec, command)) => match spec.handler {
                 Handler::Sync(handler) => handler(context, &command),
                 Handler::Async(handler) => handler(context, &command).await,
@@ -274,6 +285,7 @@ pub(crate) mod tests {
             peer: "127.0.0.1:50000".parse().unwrap(),
             local: "127.0.0.1:27018".parse().unwrap(),
             client_metadata: None,
+            authentication: Default::default(),
         }
     }
 
