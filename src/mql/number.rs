@@ -208,7 +208,7 @@ impl Real {
 /// logarithms when those are far apart, else exactly in integers scaled to common exponents
 /// (numbers whose logarithms are close have close exponents, so the integers stay small).
 fn magnitude_cmp((ca, a2, a5): (u128, i32, i32), (cb, b2, b5): (u128, i32, i32)) -> Ordering {
-    const LOG2_5: f64 = 2.321_928_094_887_362_3;
+    const LOG2_5: f64 = 2.321_928_094_887_362;
     let log =
         |c: u128, p2: i32, p5: i32| (c as f64).log2() + f64::from(p2) + f64::from(p5) * LOG2_5;
     let (la, lb) = (log(ca, a2, a5), log(cb, b2, b5));
