@@ -86,6 +86,11 @@ impl MqlError {
         MqlError::new(66, "ImmutableField", message)
     }
 
+    /// A query feature a context forbids (`$expr` in an upsert's filter).
+    pub fn query_feature_not_allowed(message: impl Into<String>) -> MqlError {
+        MqlError::new(224, "QueryFeatureNotAllowed", message)
+    }
+
     pub fn invalid_options(message: impl Into<String>) -> MqlError {
         MqlError::new(72, "InvalidOptions", message)
     }
@@ -121,7 +126,7 @@ fn location_name(code: i32) -> &'static str {
         15947, 15948, 15952, 15955, 15956, 15957, 15958, 15959, 15969, 15973, 15974, 15975, 15976,
         15998, 16410, 16436, 16554, 17276, 31002, 31119, 31120, 31249, 31250, 31252, 31253, 31254,
         31310, 31324, 31325, 40156, 40157, 40158, 40160, 40234, 40235, 40236, 40237, 40238, 40272,
-        40323, 40324, 40352, 51272, 5107200, 5107201, 15972, 16746, 16872, 17312, 4544702,
+        40323, 40324, 40352, 51272, 5107200, 5107201, 15972, 16746, 16872, 17312, 17390, 4544702,
     )
 }
 

@@ -260,20 +260,24 @@ fn parse_stage(name: &str, spec: &Bson) -> Result<Stage, MqlError> {
 }
 
 fn non_negative(stage: &str, spec: &Bson, code: i32) -> Result<u64, MqlError> {
-    let refuse = || {
+    let refuse = |expected: &str| {
         MqlError::location(
             code,
             format!(
-                "invalid argument to {stage} stage: Expected a non-negative number in: {}",
+                "invalid argument to {stage} stage: {expected}: {}",
                 super::text::element(stage, spec)
             ),
         )
     };
+    let negative = || refuse("Expected a non-negative number in");
     match spec {
-        Bson::Int32(i) => u64::try_from(*i).map_err(|_| refuse()),
-        Bson::Int64(i) => u64::try_from(*i).map_err(|_| refuse()),
-        Bson::Double(d) if d.fract() == 0.0 && *d >= 0.0 && *d < 1.8e19 => Ok(*d as u64),
-        _ => Err(refuse()),
+        Bson::Int32(i) => u64::try_from(*i).map_err(|_| negative()),
+        Bson::Int64(i) => u64::try_from(*i).map_err(|_| negative()),
+        Bson::Double(d) if d.fract() != 0.0 || d.is_nan() => Err(refuse("Expected an integer")),
+        Bson::Double(d) if *d < 0.0 => Err(negative()),
+        Bson::Double(d) if *d < 1.8e19 => Ok(*d as u64),
+        Bson::Double(_) => Err(refuse("Cannot represent as a 64-bit integer")),
+        _ => Err(refuse("Expected a number in")),
     }
 }
 
@@ -349,6 +353,19 @@ impl Group {
         let mut fields = Vec::new();
         for (name, value) in d {
             if name == "_id" {
+                if let Bson::Document(fields) = value {
+                    let operator = fields.keys().next().is_some_and(|k| k.starts_with('$'));
+                    if !operator
+                        && fields
+                            .values()
+                            .any(|v| matches!(v, Bson::Boolean(_)) || super::number::is_number(v))
+                    {
+                        return Err(MqlError::location(
+                            17390,
+                            "$group does not support inclusion-style expressions",
+                        ));
+                    }
+                }
                 id = Some(Expr::parse(value)?);
                 continue;
             }

@@ -211,7 +211,15 @@ fn stage_specifications_are_checked_before_any_document_is_read() {
     );
     assert_eq!(refusal(doc! { "$limit": -1 }).code, 5107201);
     assert_eq!(refusal(doc! { "$skip": -1 }).code, 5107200);
+    assert_eq!(
+        refusal(doc! { "$skip": -1 }).message,
+        "invalid argument to $skip stage: Expected a non-negative number in: $skip: -1"
+    );
     assert_eq!(refusal(doc! { "$skip": 1.5 }).code, 5107200);
+    assert_eq!(
+        refusal(doc! { "$limit": "a" }).message,
+        r#"invalid argument to $limit stage: Expected a number in: $limit: "a""#
+    );
     assert_eq!(refusal(doc! { "$project": {} }).code, 51272);
     assert_eq!(refusal(doc! { "$unset": 1 }).code, 31002);
     assert_eq!(refusal(doc! { "$unset": [1] }).code, 31120);
@@ -248,6 +256,12 @@ fn stage_specifications_are_checked_before_any_document_is_read() {
     assert_eq!(group(doc! { "_id": { "$toUpper": "$a" } }).code, 238);
     assert_eq!(group(doc! { "_id": "$$NOW" }).code, 238);
     assert_eq!(group(doc! { "_id": "$" }).code, 16872);
+    // A document _id of expressions takes no inclusion flags.
+    let e = group(doc! { "_id": { "a": "$a", "b": 1 } });
+    assert_eq!(
+        (e.code, e.message.as_str()),
+        (17390, "$group does not support inclusion-style expressions")
+    );
 }
 
 #[test]

@@ -294,12 +294,8 @@ impl Update {
                     super::shell(fields)
                 )));
             };
-            if fields.is_empty() {
-                return Err(MqlError::failed_to_parse(format!(
-                    "'{name}' is empty. You must specify a field like so: {{{name}: {{<field>: \
-                     ...}}}}"
-                )));
-            }
+            // Since MongoDB 5.0 an operator with no field (`{$set: {}}`) is no change, not an
+            // error (the manual's `$set` page).
             for (path, value) in fields {
                 check_path(path)?;
                 if name == "$rename" {

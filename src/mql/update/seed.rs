@@ -14,7 +14,7 @@ use crate::mql::MqlError;
 /// (`{"a.b": 1}` gives `{a: {b: 1}}`), `_id` included. Two conditions on one path, or on a path
 /// and a path under it, are refused (NotSingleValueField, 54), even with equal values.
 /// Ranges, regular expressions, `$ne`, `$or`s of several clauses and the like contribute
-/// nothing.
+/// nothing; `$expr` is refused, as MongoDB refuses it in an upsert (QueryFeatureNotAllowed).
 ///
 /// The fields come in the order of their paths (MongoDB 7.0 collects them in a hash map, so
 /// its order is unspecified); [`super::upsert_document`] then puts `_id` first.
@@ -60,10 +60,16 @@ fn collect(filter: &Document, out: &mut Vec<(String, Bson)>) -> Result<(), MqlEr
                 if let [only] = clauses.as_slice() {
                     collect(only, out)?;
                 }
+                for clause in clauses {
+                    refuse_expr(clause)?;
+                }
             }
             "$nor" => {
-                clauses("$nor", value)?;
+                for clause in clauses("$nor", value)? {
+                    refuse_expr(clause)?;
+                }
             }
+            "$expr" => return Err(expr_refused()),
             k if k.starts_with('$') => {}
             field => {
                 for v in equalities(value) {
@@ -73,6 +79,26 @@ fn collect(filter: &Document, out: &mut Vec<(String, Bson)>) -> Result<(), MqlEr
         }
     }
     Ok(())
+}
+
+/// MongoDB refuses `$expr` anywhere in an upsert's filter (DOCS-14158).
+fn refuse_expr(filter: &Document) -> Result<(), MqlError> {
+    for (key, value) in filter {
+        match key.as_str() {
+            "$expr" => return Err(expr_refused()),
+            "$and" | "$or" | "$nor" => {
+                for clause in clauses(key, value)? {
+                    refuse_expr(clause)?;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn expr_refused() -> MqlError {
+    MqlError::query_feature_not_allowed("$expr is not allowed in the query predicate for an upsert")
 }
 
 /// The values a condition on one path is an equality with.

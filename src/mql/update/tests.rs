@@ -154,13 +154,10 @@ fn operator_documents_are_checked_as_mongodb_checks_them() {
         (e.code, e.message.starts_with("Unknown modifier: $foo.")),
         (9, true)
     );
-    let e = parse(doc! { "$set": {} });
+    // An empty operator is no change since MongoDB 5.0 (the manual's $set page).
     assert_eq!(
-        (e.code, e.message.as_str()),
-        (
-            9,
-            "'$set' is empty. You must specify a field like so: {$set: {<field>: ...}}"
-        )
+        updated(doc! { "a": 1 }, doc! { "$set": {}, "$unset": {} }),
+        doc! { "a": 1 }
     );
     let e = parse(doc! { "$set": 5 });
     assert_eq!(e.code, 9);
@@ -440,8 +437,18 @@ fn upsert_seeds_come_from_the_filters_equalities() {
         doc! { "a": { "b": 1 }, "c": [1, 2], "d": 4 }
     );
     assert_eq!(
-        seed_from_filter(&doc! { "e": { "$in": [1, 2] }, "f": { "$ne": 1 }, "$or": [{ "g": 1 }, { "h": 1 }], "$expr": { "$eq": ["$a", 1] } }).unwrap(),
+        seed_from_filter(&doc! { "e": { "$in": [1, 2] }, "f": { "$ne": 1 }, "$or": [{ "g": 1 }, { "h": 1 }], "$comment": "x" }).unwrap(),
         doc! {}
+    );
+    // DOCS-14158: an upsert's filter may not use $expr.
+    let e = seed_from_filter(&doc! { "$and": [{ "$expr": { "$eq": ["$a", 1] } }] }).unwrap_err();
+    assert_eq!(
+        (e.code, e.code_name, e.message.as_str()),
+        (
+            224,
+            "QueryFeatureNotAllowed",
+            "$expr is not allowed in the query predicate for an upsert"
+        )
     );
     assert_eq!(
         seed_from_filter(&doc! { "$or": [{ "g": 1 }] }).unwrap(),
