@@ -9,8 +9,8 @@
 //! each element what the rest of the path keeps (`{"a.b": 1}` on `{a: [{b: 1, c: 2}, 5]}`
 //! gives `{a: [{b: 1}]}`: elements that are not documents are dropped) and an exclusion removes
 //! it (keeping other elements). Included fields keep the order of the document, not of the
-//! projection. `find` goes into arrays inside arrays; `$project` does not (an inclusion drops
-//! them, an exclusion keeps them whole).
+//! projection. Arrays inside arrays are projected likewise, in `find` and `$project` alike
+//! (MongoDB's `kRecurseNestedArrays`, the default of both policies).
 //!
 //! Supported too: `find`'s `$slice` (`{a: {$slice: 2}}`, `-2`, `[skip, limit]`). Refused,
 //! naming what is supported: the positional `$`, `$elemMatch`, `$meta`, and computed fields
@@ -24,9 +24,9 @@ use super::MqlError;
 /// Which command's rules a projection follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
-    /// `find`, `findAndModify`: `$slice` allowed, arrays inside arrays projected too.
+    /// `find`, `findAndModify`: `find`'s `$slice` allowed, an empty projection is none.
     Find,
-    /// The `$project` and `$unset` stages: arrays inside arrays are not projected.
+    /// The `$project` and `$unset` stages: no `find`-only feature, no empty projection.
     Aggregation,
 }
 
@@ -208,6 +208,11 @@ impl Projection {
         self.mode == Mode::Exclusion && self.root.children.is_empty()
     }
 
+    /// Which command's rules the projection was parsed by.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
     /// Whether the projection names the fields to keep (else the fields to drop).
     pub fn is_inclusion(&self) -> bool {
         self.mode == Mode::Inclusion
@@ -216,8 +221,8 @@ impl Projection {
     /// The projection of one document.
     pub fn apply(&self, doc: &Document) -> Document {
         match self.mode {
-            Mode::Inclusion => include(doc, &self.root, self.policy),
-            Mode::Exclusion => exclude(doc, &self.root, self.policy),
+            Mode::Inclusion => include(doc, &self.root),
+            Mode::Exclusion => exclude(doc, &self.root),
         }
     }
 
@@ -228,9 +233,8 @@ impl Projection {
     ///
     /// A path in `also` keeps its whole top-level field (a sort key on `"a.b"` depends on
     /// every element of an array `a`, which an inclusion of `"a.b"` would drop). `$slice` is
-    /// applied by the front only (a `[skip, limit]` slice applied twice cuts twice). The
-    /// servers apply `find`'s rules; for a `$project`, only top-level exclusions are sent
-    /// (`find` would also project arrays inside arrays).
+    /// applied by the front only (a `[skip, limit]` slice applied twice cuts twice). Send it
+    /// as a `find` projection: `find` and `$project` project paths alike.
     pub fn for_servers(&self, also: &[&str]) -> Option<Document> {
         let kept: Vec<&str> = also
             .iter()
@@ -259,7 +263,7 @@ impl Projection {
                     .into_iter()
                     .filter(|p| {
                         let top = p.split('.').next().unwrap_or(p);
-                        !kept.contains(&top) && (self.policy == Policy::Find || !p.contains('.'))
+                        !kept.contains(&top)
                     })
                     .map(|p| (p, Bson::Int32(0)))
                     .collect();
@@ -423,7 +427,7 @@ fn parse_slice(value: &Bson) -> Result<Child, MqlError> {
     })
 }
 
-fn include(doc: &Document, node: &Node, policy: Policy) -> Document {
+fn include(doc: &Document, node: &Node) -> Document {
     let mut out = Document::new();
     for (field, value) in doc {
         match node.get(field) {
@@ -434,7 +438,7 @@ fn include(doc: &Document, node: &Node, policy: Policy) -> Document {
                 out.insert(field.clone(), slice_value(value, *skip, *limit));
             }
             Some(Child::Node(n)) => {
-                if let Some(v) = include_value(value, n, policy) {
+                if let Some(v) = include_value(value, n) {
                     out.insert(field.clone(), v);
                 }
             }
@@ -445,16 +449,16 @@ fn include(doc: &Document, node: &Node, policy: Policy) -> Document {
 }
 
 /// What an inclusion keeps of a value the path goes on into: a document's projection; an
-/// array's elements projected (documents, and arrays in `find`), the others dropped; nothing
-/// of a scalar.
-fn include_value(value: &Bson, node: &Node, policy: Policy) -> Option<Bson> {
+/// array's elements projected (documents and arrays), the others dropped; nothing of a
+/// scalar.
+fn include_value(value: &Bson, node: &Node) -> Option<Bson> {
     match value {
-        Bson::Document(d) => Some(Bson::Document(include(d, node, policy))),
+        Bson::Document(d) => Some(Bson::Document(include(d, node))),
         Bson::Array(a) => Some(Bson::Array(
             a.iter()
                 .filter_map(|v| match v {
-                    Bson::Document(d) => Some(Bson::Document(include(d, node, policy))),
-                    Bson::Array(_) if policy == Policy::Find => include_value(v, node, policy),
+                    Bson::Document(d) => Some(Bson::Document(include(d, node))),
+                    Bson::Array(_) => include_value(v, node),
                     _ => None,
                 })
                 .collect(),
@@ -463,7 +467,7 @@ fn include_value(value: &Bson, node: &Node, policy: Policy) -> Option<Bson> {
     }
 }
 
-fn exclude(doc: &Document, node: &Node, policy: Policy) -> Document {
+fn exclude(doc: &Document, node: &Node) -> Document {
     let mut out = Document::new();
     for (field, value) in doc {
         match node.get(field) {
@@ -472,7 +476,7 @@ fn exclude(doc: &Document, node: &Node, policy: Policy) -> Document {
                 out.insert(field.clone(), slice_value(value, *skip, *limit));
             }
             Some(Child::Node(n)) => {
-                out.insert(field.clone(), exclude_value(value, n, policy));
+                out.insert(field.clone(), exclude_value(value, n));
             }
             Some(Child::Whole(true)) | None => {
                 out.insert(field.clone(), value.clone());
@@ -482,14 +486,14 @@ fn exclude(doc: &Document, node: &Node, policy: Policy) -> Document {
     out
 }
 
-fn exclude_value(value: &Bson, node: &Node, policy: Policy) -> Bson {
+fn exclude_value(value: &Bson, node: &Node) -> Bson {
     match value {
-        Bson::Document(d) => Bson::Document(exclude(d, node, policy)),
+        Bson::Document(d) => Bson::Document(exclude(d, node)),
         Bson::Array(a) => Bson::Array(
             a.iter()
                 .map(|v| match v {
-                    Bson::Document(d) => Bson::Document(exclude(d, node, policy)),
-                    Bson::Array(_) if policy == Policy::Find => exclude_value(v, node, policy),
+                    Bson::Document(d) => Bson::Document(exclude(d, node)),
+                    Bson::Array(_) => exclude_value(v, node),
                     other => other.clone(),
                 })
                 .collect(),

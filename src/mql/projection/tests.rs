@@ -112,25 +112,27 @@ fn paths_through_arrays_project_each_element() {
 }
 
 #[test]
-fn find_projects_arrays_inside_arrays_and_project_does_not() {
-    let d = doc! { "_id": 1, "a": [[{ "b": 1, "c": 2 }], { "b": 3, "c": 4 }] };
-    let find = Projection::parse(&doc! { "a.b": 1 }).unwrap();
-    let stage = Projection::parse_stage(&doc! { "a.b": 1 }).unwrap();
-    assert_eq!(
-        find.apply(&d),
-        doc! { "_id": 1, "a": [[{ "b": 1 }], { "b": 3 }] }
-    );
-    assert_eq!(stage.apply(&d), doc! { "_id": 1, "a": [{ "b": 3 }] });
-    let find = Projection::parse(&doc! { "a.b": 0 }).unwrap();
-    let stage = Projection::parse_stage(&doc! { "a.b": 0 }).unwrap();
-    assert_eq!(
-        find.apply(&d),
-        doc! { "_id": 1, "a": [[{ "c": 2 }], { "c": 4 }] }
-    );
-    assert_eq!(
-        stage.apply(&d),
-        doc! { "_id": 1, "a": [[{ "b": 1, "c": 2 }], { "c": 4 }] }
-    );
+fn arrays_inside_arrays_are_projected_in_find_and_project_alike() {
+    // Both policies recurse into nested arrays (projection_policies.h: kRecurseNestedArrays).
+    let d = doc! { "_id": 1, "a": [[{ "b": 1, "c": 2 }, 7], { "b": 3, "c": 4 }, 5] };
+    for p in [
+        Projection::parse(&doc! { "a.b": 1 }).unwrap(),
+        Projection::parse_stage(&doc! { "a.b": 1 }).unwrap(),
+    ] {
+        assert_eq!(
+            p.apply(&d),
+            doc! { "_id": 1, "a": [[{ "b": 1 }], { "b": 3 }] }
+        );
+    }
+    for p in [
+        Projection::parse(&doc! { "a.b": 0 }).unwrap(),
+        Projection::parse_stage(&doc! { "a.b": 0 }).unwrap(),
+    ] {
+        assert_eq!(
+            p.apply(&d),
+            doc! { "_id": 1, "a": [[{ "c": 2 }, 7], { "c": 4 }, 5] }
+        );
+    }
 }
 
 #[test]
@@ -270,9 +272,8 @@ fn server_projections_keep_id_and_the_sort_fields() {
     // Slices are the front's.
     let p = Projection::parse(&doc! { "a": { "$slice": [1, 1] } }).unwrap();
     assert_eq!(p.for_servers(&[]), None);
-    // A $project's exclusion of a dotted path is the front's (find goes into nested arrays).
     let p = Projection::parse_stage(&doc! { "a.b": 0, "c": 0 }).unwrap();
-    assert_eq!(p.for_servers(&[]), Some(doc! { "c": 0 }));
+    assert_eq!(p.for_servers(&[]), Some(doc! { "a.b": 0, "c": 0 }));
 }
 
 fn small() -> impl Strategy<Value = Bson> {
