@@ -84,6 +84,12 @@ impl SortSpec {
                     "$sort key ordering must be 1 (for ascending) or -1 (for descending)",
                 ));
             }
+            if field == "$natural" {
+                return Err(MqlError::not_implemented(
+                    "the front does not sort by $natural: documents merged from several \
+                     locations have no natural order; sort by field paths with 1 or -1",
+                ));
+            }
             path::check(field)?;
             keys.push((field.clone(), direction > 0.0));
         }

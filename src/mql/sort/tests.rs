@@ -44,6 +44,10 @@ fn directions_are_one_or_minus_one_of_any_numeric_type() {
     );
     assert_eq!(SortSpec::parse(&doc! { "$a": 1 }).unwrap_err().code, 16410);
     assert_eq!(
+        SortSpec::parse(&doc! { "$natural": 1 }).unwrap_err().code,
+        238
+    );
+    assert_eq!(
         SortSpec::parse(&doc! { "a..b": 1 }).unwrap_err().code,
         15998
     );
