@@ -25,6 +25,7 @@ pub mod identity;
 pub mod ids;
 pub mod ledger;
 mod logging;
+pub mod mql;
 pub mod names;
 pub mod output;
 pub mod phase;
