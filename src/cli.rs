@@ -188,6 +188,29 @@ pub struct FrontArgs {
     /// The private key of --tls-cert-file (PEM: PKCS#8, PKCS#1 RSA or SEC1 EC).
     #[arg(long, value_name = "PATH", requires = "tls_cert_file")]
     pub tls_key_file: Option<PathBuf>,
+    /// The logical database the application uses: its collections with a routing version are
+    /// routed (each through a router this front registers, as an application's would), every
+    /// other collection and database goes to --passthrough-uri. Needed with a state store
+    /// (--database-url); without one the front answers the handshake and diagnostics only.
+    #[arg(long, value_name = "NAME")]
+    pub database: Option<String>,
+    /// Where everything the front does not route goes (collections without a routing version,
+    /// other databases): a MongoDB connection string (`${VAR}` and `${file:PATH}` are
+    /// resolved, as in shard URIs). Without it, such commands are refused.
+    #[arg(
+        long,
+        value_name = "URI",
+        env = "RESHARD_PASSTHROUGH_URI",
+        hide_env_values = true
+    )]
+    pub passthrough_uri: Option<String>,
+    /// The name this front's routers register under (`reshard routers list`); default
+    /// `front HOST:PORT` of --listen.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]

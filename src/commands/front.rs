@@ -17,9 +17,36 @@ use crate::front::tls::Tls;
 use crate::front::{self, Front, Settings};
 use crate::output;
 
-pub async fn run(format: OutputFormat, args: FrontArgs) -> Result<()> {
+pub async fn run(
+    format: OutputFormat,
+    database_url: Option<String>,
+    args: FrontArgs,
+) -> Result<()> {
     if let Some(FrontCommand::HashUser(hash)) = args.command {
         return hash_user(&hash);
+    }
+    if let Some(database) = &args.database {
+        crate::names::database(database)
+            .map_err(|e| Error::bad_input(format!("--database: {e}")))?;
+    }
+    let routing = match (&database_url, &args.database) {
+        (Some(url), Some(database)) => Some((url.clone(), database.clone())),
+        (Some(_), None) => {
+            return Err(Error::bad_input(
+                "--database NAME is needed with a state store: the logical database whose \
+                 collections with routing versions the front routes",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(Error::bad_input(
+                "--database routes collections by their routing versions, which live in the \
+                 state store: give --database-url (or RESHARD_DATABASE_URL)",
+            ))
+        }
+        (None, None) => None,
+    };
+    if let Some(addr) = args.metrics_addr {
+        super::exporter::serve(addr).await?;
     }
     // Everything the front needs is read and checked before it listens.
     let users = args.users_file.as_deref().map(read_users).transpose()?;
@@ -52,7 +79,26 @@ pub async fn run(format: OutputFormat, args: FrontArgs) -> Result<()> {
         tls: tls.clone(),
         ..Settings::default()
     };
-    let front = Arc::new(Front::new(settings));
+    let engine = match &routing {
+        Some((url, database)) => Some(
+            start_engine(
+                url,
+                database,
+                args.passthrough_uri.as_deref(),
+                args.name.clone(),
+                listening,
+            )
+            .await?,
+        ),
+        None => {
+            tracing::warn!("front: no state store (--database-url): answering the handshake and diagnostics only");
+            None
+        }
+    };
+    let front = Arc::new(match &engine {
+        Some(engine) => Front::with_engine(settings, Arc::clone(engine)),
+        None => Front::new(settings),
+    });
     let (stop, shutdown) = watch::channel(false);
     tokio::spawn(async move {
         super::worker::wait_for_signal().await;
@@ -66,9 +112,12 @@ pub async fn run(format: OutputFormat, args: FrontArgs) -> Result<()> {
     };
     tracing::info!(listen = %listening, %authentication, users = user_count, tls = tls.is_some(),
         "front: listening ({uri})");
-    front::serve(listener, Arc::clone(&front), shutdown)
-        .await
-        .map_err(|e| Error::failed(format!("the front on {listening} failed: {e}")))?;
+    let served = front::serve(listener, Arc::clone(&front), shutdown).await;
+    if let Some(engine) = &engine {
+        // Deregistered, so that no barrier waits for this front's lease to run out.
+        engine.shutdown().await;
+    }
+    served.map_err(|e| Error::failed(format!("the front on {listening} failed: {e}")))?;
     let stats = front.stats();
     let value = serde_json::json!({
         "listen": listening.to_string(),
@@ -84,6 +133,69 @@ pub async fn run(format: OutputFormat, args: FrontArgs) -> Result<()> {
             ("refused", stats.refused.to_string()),
         ])
     })
+}
+
+/// Connects to the state store (waiting for it up to the routers' start deadline), the
+/// shards and the passthrough, and starts a router for every routed collection of `database`.
+async fn start_engine(
+    url: &str,
+    database: &str,
+    passthrough: Option<&str>,
+    name: Option<String>,
+    listening: std::net::SocketAddr,
+) -> Result<Arc<crate::front::Engine>> {
+    let store = crate::store::Store::connect_lazy(url)?;
+    let router =
+        crate::router::RouterConfig::named(name.unwrap_or_else(|| format!("front {listening}")));
+    let deadline = router
+        .connect_deadline
+        .unwrap_or(std::time::Duration::from_secs(120));
+    let started = std::time::Instant::now();
+    loop {
+        match store
+            .check_reachable()
+            .await
+            .and(store.check_schema().await)
+        {
+            Ok(()) => break,
+            Err(e) if e.is_unavailable() && started.elapsed() < deadline => {
+                tracing::warn!(error = %crate::redact::redact_uri(&e.to_string()),
+                    "front: cannot reach the state store; trying again");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let shards = crate::shards::Shards::connect(&store.shards().await?, false)
+        .await
+        .map_err(|e| Error::failed(e.to_string()))?;
+    let passthrough = match passthrough {
+        Some(uri) => Some(
+            crate::shards::passthrough::Passthrough::connect(uri)
+                .await
+                .map_err(|e| Error::bad_input(format!("--passthrough-uri: {e}")))?,
+        ),
+        None => None,
+    };
+    let config = crate::front::EngineConfig {
+        database: database.to_owned(),
+        router,
+    };
+    let engine = crate::front::Engine::start(store, shards, passthrough, config)
+        .await
+        .map_err(|e| Error::failed(format!("the front cannot start its routers: {e}")))?;
+    tokio::spawn(Arc::clone(&engine).follow());
+    let reaped = Arc::clone(&engine);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            reaped.cursors.reap();
+        }
+    });
+    let routed: Vec<String> = engine.routed_collections().into_iter().collect();
+    tracing::info!(database, routed = ?routed, passthrough = engine.passthrough().is_some(),
+        "front: routing");
+    Ok(engine)
 }
 
 /// The users of `--users-file`; an unreadable or wrong file is bad input naming it and each

@@ -36,9 +36,10 @@ pub async fn run(cli: Cli) -> Result<()> {
     if let Command::Playbook(cmd) = cli.command {
         return playbook::run(cli.output, cmd);
     }
-    // Nor does the front, so far: it answers from what it knows.
+    // The front connects to the state store itself (waiting for it), when it has one.
+    let front_url = database_url(&cli).ok();
     if let Command::Front(args) = cli.command {
-        return front::run(cli.output, args).await;
+        return front::run(cli.output, front_url, args).await;
     }
     let url = database_url(&cli)?;
     // An empty `--actor` (`RESHARD_ACTOR=` in a script) names no one: the event log gets the

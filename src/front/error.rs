@@ -180,7 +180,9 @@ impl ErrorCode {
             ErrorCode::ClientMetadataCannotBeMutated => "ClientMetadataCannotBeMutated",
             ErrorCode::ExceededTimeLimit => "ExceededTimeLimit",
             ErrorCode::OperationNotSupportedInTransaction => "OperationNotSupportedInTransaction",
-            ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed => "QueryExceededMemoryLimitNoDiskUseAllowed",
+            ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed => {
+                "QueryExceededMemoryLimitNoDiskUseAllowed"
+            }
             ErrorCode::MechanismUnavailable => "MechanismUnavailable",
             ErrorCode::UnsupportedOpQueryCommand => "UnsupportedOpQueryCommand",
             ErrorCode::DuplicateKey => "DuplicateKey",
@@ -281,6 +283,56 @@ impl CommandError {
     /// The error as one entry of a write command's `writeErrors`: `{index, code, errmsg}`.
     pub fn write_error(&self, index: usize) -> Document {
         doc! { "index": index as i32, "code": self.number(), "errmsg": &self.message }
+    }
+}
+
+impl From<crate::mql::MqlError> for CommandError {
+    fn from(e: crate::mql::MqlError) -> Self {
+        CommandError::passed(e.code, e.code_name, e.message)
+    }
+}
+
+impl From<crate::router::RouterError> for CommandError {
+    /// A router's error as a `mongos` would answer it: the code by what happened (and, for a
+    /// shard's refusal, the shard's own code), the router's own words as the message.
+    fn from(e: crate::router::RouterError) -> Self {
+        use crate::router::RouterError as R;
+        let message = crate::redact::redact_uri(&e.to_string());
+        let code = match &e {
+            R::RoutingStale => ErrorCode::StaleConfig,
+            R::ShutDown => ErrorCode::ShutdownInProgress,
+            R::StoreUnreachable { .. } | R::Store(_) => ErrorCode::HostUnreachable,
+            R::OutcomeUnknown => ErrorCode::MaxTimeMSExpired,
+            R::Write(failure) => {
+                return match (failure.code, &failure.code_name) {
+                    (Some(code), Some(name)) => {
+                        CommandError::passed(code, name.clone(), failure.message.clone())
+                    }
+                    (Some(code), None) => {
+                        CommandError::passed(code, "Location", failure.message.clone())
+                    }
+                    (None, _) => CommandError::new(ErrorCode::HostUnreachable, message),
+                };
+            }
+            R::WriteHeld(_) | R::ReadHeld(_) => ErrorCode::ExceededTimeLimit,
+            R::DuplicateId(_) => ErrorCode::DuplicateKey,
+            R::MissingField(_) => ErrorCode::ShardKeyNotFound,
+            R::ImmutableField(_) => ErrorCode::ImmutableField,
+            R::InvalidUpdate(_) | R::InvalidCursor(_) | R::PageTooLarge { .. } | R::Routing(_) => {
+                ErrorCode::BadValue
+            }
+            R::UnknownShard(_) => ErrorCode::ShardNotFound,
+            R::Protocol(_) => ErrorCode::WriteConflict,
+            R::CursorOutdated { .. } => ErrorCode::QueryPlanKilled,
+            R::QueryTooLarge(_) => ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed,
+            R::Mongo(inner) => {
+                if let mongodb::error::ErrorKind::Command(c) = inner.kind.as_ref() {
+                    return CommandError::passed(c.code, c.code_name.clone(), c.message.clone());
+                }
+                ErrorCode::HostUnreachable
+            }
+        };
+        CommandError::new(code, message)
     }
 }
 

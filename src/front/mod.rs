@@ -12,17 +12,24 @@
 //! Beside them, [`auth`] holds SCRAM-SHA-256 and the users file (pure, like the codec), and
 //! [`tls`] the TLS handshake's configuration.
 //!
-//! The routed commands (CRUD) are to come: they are handlers in the same table whose
-//! executor is the router's engine, not a second router.
+//! The routed commands (CRUD, counts, aggregations, indexes) are handlers in the same table:
+//! [`plan`] reads a command into what it asks before any I/O, and the executor is the
+//! router's engine ([`engine`]: a router per routed collection, registered like any
+//! application's), not a second router; [`cursors`] holds what `getMore` continues.
+//! Everything the front does not route goes to the passthrough location.
 
 pub mod auth;
 pub mod commands;
+pub mod cursors;
+pub mod engine;
 pub mod error;
+pub mod plan;
 pub mod server;
 pub mod tls;
 pub mod wire;
 
 pub use commands::{Command, Connection, Context, Dispatch, Handler, Reply, Spec};
+pub use engine::{Engine, EngineConfig};
 pub use error::{CommandError, ErrorCode};
 pub use server::{serve, Front, Stats};
 

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::commands::{Connection, Context, Dispatch};
+use super::engine::Engine;
 use super::error::{CommandError, ErrorCode};
 use super::wire::{Header, Limits, Request, RequestForm, WireError, HEADER_LEN};
 use super::Settings;
@@ -37,6 +38,8 @@ const INITIAL_BUFFER: usize = 16 * 1024;
 pub struct Front {
     settings: Settings,
     dispatch: Dispatch,
+    /// What the routed commands run on (`None`: the handshake and diagnostics only).
+    engine: Option<Arc<Engine>>,
     next_connection_id: AtomicI64,
     next_request_id: AtomicI32,
     connections: AtomicU64,
@@ -69,10 +72,19 @@ impl Front {
         Front::with_dispatch(settings, Dispatch::standard())
     }
 
+    /// A front that routes: the standard table over `engine`.
+    pub fn with_engine(settings: Settings, engine: Arc<Engine>) -> Front {
+        Front {
+            engine: Some(engine),
+            ..Front::new(settings)
+        }
+    }
+
     pub fn with_dispatch(settings: Settings, dispatch: Dispatch) -> Front {
         Front {
             settings,
             dispatch,
+            engine: None,
             next_connection_id: AtomicI64::new(1),
             next_request_id: AtomicI32::new(1),
             connections: AtomicU64::new(0),
@@ -309,6 +321,7 @@ async fn serve_messages<S>(
         let mut context = Context {
             settings: &front.settings,
             connection: &mut connection,
+            engine: front.engine.as_deref(),
         };
         let reply = front.dispatch.answer(&mut context, &request).await;
         front.requests.fetch_add(1, Ordering::Relaxed);

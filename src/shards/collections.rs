@@ -109,4 +109,45 @@ impl Shards {
             .map_err(at(location))?;
         Ok(())
     }
+
+    /// Creates the indexes `specs` (as `createIndexes` takes them) at `location`, all in one
+    /// command: the server's reply (`numIndexesBefore`, `numIndexesAfter`, ...).
+    pub async fn create_indexes(
+        &self,
+        location: &Location,
+        specs: Vec<Document>,
+    ) -> Result<Document, CollectionError> {
+        self.database(&location.shard)?
+            .run_command(doc! { "createIndexes": &location.collection, "indexes": specs })
+            .await
+            .map_err(at(location))
+    }
+
+    /// Drops the indexes `which` names at `location` (`dropIndexes`' `index`: a name, a key
+    /// pattern, a list of names, or `"*"`): the server's reply.
+    pub async fn drop_indexes(
+        &self,
+        location: &Location,
+        which: mongodb::bson::Bson,
+    ) -> Result<Document, CollectionError> {
+        self.database(&location.shard)?
+            .run_command(doc! { "dropIndexes": &location.collection, "index": which })
+            .await
+            .map_err(at(location))
+    }
+
+    /// The indexes of the collection at `location`, as `listIndexes` lists them (`v`, `key`,
+    /// `name` and the options), for the front's `listIndexes` of a routed collection.
+    pub async fn list_indexes(
+        &self,
+        location: &Location,
+    ) -> Result<Vec<Document>, CollectionError> {
+        self.database(&location.shard)?
+            .run_cursor_command(doc! { "listIndexes": &location.collection })
+            .await
+            .map_err(at(location))?
+            .try_collect()
+            .await
+            .map_err(at(location))
+    }
 }

@@ -13,10 +13,16 @@
 //! authenticated connection unless it is listed in [`auth::WITHOUT_AUTHENTICATION`].
 
 pub mod auth;
+mod catalog;
 mod cursors;
 mod diagnostics;
 mod handshake;
+mod modify;
+mod passthrough;
+mod read;
+pub(crate) mod routed;
 mod sessions;
+mod write;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -68,6 +74,9 @@ pub struct Connection {
 pub struct Context<'a> {
     pub settings: &'a Settings,
     pub connection: &'a mut Connection,
+    /// What the routed commands run on; `None` for a front without a state store, which
+    /// answers the handshake and diagnostics only.
+    pub engine: Option<&'a crate::front::engine::Engine>,
 }
 
 /// A handler's answer: the reply document (without `ok`) or a MongoDB error.
@@ -149,10 +158,32 @@ pub const COMMANDS: &[Spec] = &[
     // runs before it).
     Spec::sync("saslStart", auth::sasl_start),
     Spec::sync("saslContinue", auth::sasl_continue),
-    // Sessions and cursors, until the front holds either.
+    // Sessions, which the front does not hold; transactions, which it does not run.
     Spec::sync("endSessions", sessions::end_sessions),
-    Spec::sync("getMore", cursors::get_more),
+    Spec::sync("commitTransaction", sessions::no_transactions),
+    Spec::sync("abortTransaction", sessions::no_transactions),
+    // Cursors the front holds: a routed query's, a passthrough location's, its own.
+    Spec::asynchronous("getMore", cursors::get_more),
     Spec::sync("killCursors", cursors::kill_cursors),
+    // CRUD on a routed collection, through its router; on any other, to the passthrough.
+    Spec::asynchronous("insert", write::insert),
+    Spec::asynchronous("update", write::update),
+    Spec::asynchronous("delete", write::delete),
+    Spec::asynchronous("findAndModify", modify::find_and_modify),
+    Spec::asynchronous("findandmodify", modify::find_and_modify),
+    Spec::asynchronous("find", read::find),
+    Spec::asynchronous("count", read::count),
+    Spec::asynchronous("distinct", read::distinct),
+    Spec::asynchronous("aggregate", read::aggregate),
+    // Databases, collections and indexes.
+    Spec::asynchronous("listDatabases", catalog::list_databases),
+    Spec::asynchronous("listCollections", catalog::list_collections),
+    Spec::asynchronous("listIndexes", catalog::list_indexes),
+    Spec::asynchronous("createIndexes", catalog::create_indexes),
+    Spec::asynchronous("dropIndexes", catalog::drop_indexes),
+    Spec::asynchronous("deleteIndexes", catalog::drop_indexes),
+    Spec::asynchronous("drop", catalog::collection_command),
+    Spec::asynchronous("create", catalog::collection_command),
 ];
 
 /// The dispatch table, by name.
@@ -185,14 +216,22 @@ impl Dispatch {
     /// Answers one request: the reply document, `ok: 1` or a MongoDB error. Whether it is
     /// sent is the server's decision (a `moreToCome` request gets none).
     pub async fn answer(&self, context: &mut Context<'_>, request: &Request) -> Document {
-        let admitted = self
-            .route(request)
-            .and_then(|(spec, command)| auth::admit(context, &command).map(|()| (spec, command)));
+        let passthrough = context.engine.is_some_and(|e| e.passthrough().is_some());
+        let admitted = self.route(request).and_then(|(spec, command)| {
+            // A command no handler answers is the passthrough's, when there is one.
+            if spec.is_none() && !passthrough {
+                return Err(CommandError::command_not_found(&command.name));
+            }
+            auth::admit(context, &command)?;
+            sessions::refuse_transactions(&command)?;
+            Ok((spec, command))
+        });
         let reply = match admitted {
-            Ok((spec, command)) => match spec.handler {
+            Ok((Some(spec), command)) => match spec.handler {
                 Handler::Sync(handler) => handler(context, &command),
                 Handler::Async(handler) => handler(context, &command).await,
             },
+            Ok((None, command)) => passthrough::unknown(context, &command).await,
             Err(error) => Err(error),
         };
         match reply {
@@ -206,10 +245,10 @@ impl Dispatch {
         }
     }
 
-    /// The handler of a request and the command it gets, or why the request is refused before
-    /// any handler runs: it names no command, has no database, names a command no handler
-    /// answers, or came over `OP_QUERY` and is not the handshake.
-    fn route(&self, request: &Request) -> Result<(&'static Spec, Command), CommandError> {
+    /// The handler of a request (`None`: no handler answers the command it names) and the
+    /// command it gets, or why the request is refused before any handler runs: it names no
+    /// command, has no database, or came over `OP_QUERY` and is not the handshake.
+    fn route(&self, request: &Request) -> Result<(Option<&'static Spec>, Command), CommandError> {
         let name = request.command_name().unwrap_or_default();
         let database = match request.command.get("$db") {
             Some(Bson::String(database)) if !database.is_empty() => database.clone(),
@@ -227,12 +266,12 @@ impl Dispatch {
                 ))
             }
         };
-        let spec = self
-            .by_name
-            .get(name)
-            .copied()
-            .ok_or_else(|| CommandError::command_not_found(name))?;
-        if matches!(request.form, RequestForm::Query { .. }) && !spec.handshake {
+        let spec = self.by_name.get(name).copied();
+        if name.is_empty() || (spec.is_none() && matches!(request.form, RequestForm::Query { .. }))
+        {
+            return Err(CommandError::command_not_found(name));
+        }
+        if matches!(request.form, RequestForm::Query { .. }) && spec.is_some_and(|s| !s.handshake) {
             return Err(CommandError::new(
                 ErrorCode::UnsupportedOpQueryCommand,
                 format!(
@@ -310,6 +349,7 @@ pub(crate) mod tests {
         let mut context = Context {
             settings,
             connection,
+            engine: None,
         };
         futures::executor::block_on(Dispatch::standard().answer(&mut context, &request))
     }
@@ -415,6 +455,7 @@ pub(crate) mod tests {
         let mut context = Context {
             settings: &settings,
             connection: &mut connection,
+            engine: None,
         };
         let reply = dispatch
             .answer(&mut context, &msg(doc! {"echo": "hi", "$db": "x"}))

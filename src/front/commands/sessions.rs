@@ -5,7 +5,7 @@
 use bson::{Bson, Document};
 
 use super::{Command, Context, Reply};
-use crate::front::error::CommandError;
+use crate::front::error::{CommandError, ErrorCode};
 
 pub fn end_sessions(_: &mut Context<'_>, command: &Command) -> Reply {
     let Bson::Array(sessions) = command.value() else {
@@ -23,6 +23,32 @@ pub fn end_sessions(_: &mut Context<'_>, command: &Command) -> Reply {
         ));
     }
     Ok(Document::new())
+}
+
+/// The front runs no transactions and no retryable writes: it advertises no sessions, so
+/// drivers send neither; a command that carries a transaction's fields anyway is refused as a
+/// standalone server refuses it.
+pub fn refuse_transactions(command: &Command) -> Result<(), CommandError> {
+    let transactional = ["txnNumber", "startTransaction", "autocommit"]
+        .iter()
+        .any(|f| command.body.contains_key(*f));
+    if transactional {
+        return Err(no_transaction_error());
+    }
+    Ok(())
+}
+
+fn no_transaction_error() -> CommandError {
+    CommandError::new(
+        ErrorCode::IllegalOperation,
+        "Transaction numbers are only allowed on a replica set member or mongos: the reshard \
+         front runs no transactions and no retryable writes (it advertises no sessions)",
+    )
+}
+
+/// `commitTransaction` and `abortTransaction`: there is no transaction to end.
+pub fn no_transactions(_: &mut Context<'_>, _: &Command) -> Reply {
+    Err(no_transaction_error())
 }
 
 #[cfg(test)]
