@@ -325,12 +325,10 @@ impl From<crate::router::RouterError> for CommandError {
             R::Protocol(_) => ErrorCode::WriteConflict,
             R::CursorOutdated { .. } => ErrorCode::QueryPlanKilled,
             R::QueryTooLarge(_) => ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed,
-            R::Mongo(inner) => {
-                if let mongodb::error::ErrorKind::Command(c) = inner.kind.as_ref() {
-                    return CommandError::passed(c.code, c.code_name.clone(), c.message.clone());
-                }
-                ErrorCode::HostUnreachable
-            }
+            R::Mongo(inner) => match crate::shards::server_refusal(inner) {
+                Some((code, name, message)) => return CommandError::passed(code, name, message),
+                None => ErrorCode::HostUnreachable,
+            },
         };
         CommandError::new(code, message)
     }

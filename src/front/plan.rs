@@ -447,7 +447,7 @@ pub fn aggregate(command: &Document, tenant_key: &str) -> Result<Aggregate, Comm
             ));
         }
     }
-    let (matched, rest) = crate::mql::pipeline::split_leading_match(&pipeline);
+    let (matched, rest) = crate::mql::pipeline::split_leading_match(pipeline);
     let Some(filter) = matched.cloned() else {
         return Err(CommandError::new(
             ErrorCode::ShardKeyNotFound,

@@ -276,6 +276,17 @@ async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectErr
     Client::with_options(options).map_err(bad)
 }
 
+/// The code, code name and message of a server's refusal of a command (not of a network or
+/// driver failure), for passing it on as the server said it.
+pub fn server_refusal(e: &mongodb::error::Error) -> Option<(i32, String, String)> {
+    match e.kind.as_ref() {
+        mongodb::error::ErrorKind::Command(c) => {
+            Some((c.code, c.code_name.clone(), c.message.clone()))
+        }
+        _ => None,
+    }
+}
+
 /// A driver error as one line an operator can read: what failed, where (the servers a
 /// selection could not reach, by `host:port`), the cause in plain words, the server's code and
 /// message where there is one, never a password. The driver's own rendering (`Kind: ...,
