@@ -208,6 +208,12 @@ pub struct FrontArgs {
     /// `front HOST:PORT` of --listen.
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
+    /// The lease of this front's routers: how long it serves without reaching the state store
+    /// (an outage shorter than it costs the applications nothing), and how long a front that
+    /// died without deregistering holds up the migration's phase changes. The routers'
+    /// default, ten minutes, unless given.
+    #[arg(long, value_parser = parse_lease_ttl, value_name = "DURATION")]
+    pub lease_ttl: Option<Duration>,
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,

@@ -232,6 +232,17 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
         }
     }
 
+    /// The outcome an operation has decided while rolling back, waiting for the mirror that
+    /// carries the target document it acted on or looked at to the source before it reports
+    /// ([`Step::MirrorToSource`] is the step asked for): what a many-document read answers
+    /// without mirroring (see `protocol::query`).
+    pub fn decided(&self) -> Option<&Outcome<D>> {
+        match self.at {
+            At::Mirror => self.mirrored.as_ref(),
+            _ => None,
+        }
+    }
+
     fn reads_source(&self) -> bool {
         matches!(self.read, ReadPath::Source | ReadPath::TargetThenSource)
     }

@@ -12,6 +12,17 @@
 //! the filter as its condition ([`Found::Unmatched`]), fed from the batched reads
 //! ([`query_answer`]). [`query_plan`] derives what to read from the same machine, so the two
 //! cannot disagree.
+//!
+//! While rolling back (`reverting`), a single read mirrors the target document it looked at
+//! to the source before it reports; a many-document read answers without those mirrors (one
+//! conditional write per id it looked at would make a read of a tenant a write of every one
+//! of its documents). Nothing it was told can then be missing from the source once reads move
+//! there: a write the read saw is carried back by its own writer's mirror (the writer reports
+//! only after it, and the driver leaves `reverting` only once every router acknowledged the
+//! next phase, having drained), or, if that writer's lease lapsed first, by the revert copy's
+//! next pass (a lapse outdates the pass, and the gate out of `reverting` waits for a complete
+//! one). The protocol model explores many-document reads in `reverting` this way (its query
+//! actor calls [`query_answer`]) and finds no lost or resurrected document.
 
 use super::{Answer, Found, Next, Operation, OperationMachine, Outcome, ProtocolError, Side, Step};
 use crate::phase::Phase;
@@ -95,6 +106,17 @@ pub fn query_answer<D: Clone + std::fmt::Debug>(
             }
             Next::Do(Step::Find(Side::Target)) => target.take().map(|f| f()),
             Next::Do(Step::Find(Side::Source)) => source.take().map(|f| f()),
+            // Rolling back, a single read mirrors the target document it looked at before it
+            // reports; a many-document read answers without that mirror (see the module doc).
+            Next::Do(Step::MirrorToSource) if get.decided().is_some() => {
+                return match get.decided() {
+                    Some(Outcome::Read(doc)) => Ok(doc.clone()),
+                    other => Err(ProtocolError::UnexpectedAnswer {
+                        at: "a read".into(),
+                        answer: format!("{other:?}"),
+                    }),
+                };
+            }
             Next::Do(step) => {
                 return Err(ProtocolError::UnexpectedAnswer {
                     at: format!("{step:?}"),
@@ -135,6 +157,14 @@ mod tests {
         }
     }
 
+    fn answer_in(
+        phase: Phase,
+        target: Found<&'static str>,
+        source: Found<&'static str>,
+    ) -> Option<&'static str> {
+        query_answer(phase, || target, || source).unwrap()
+    }
+
     #[test]
     fn a_target_document_supersedes_the_source_match_whether_it_matches_or_not() {
         let answer = |target: Found<&'static str>, source: Found<&'static str>| {
@@ -167,6 +197,16 @@ mod tests {
             Ok(None)
         );
         assert!(query_answer(Phase::RevertSwitch, || Absent::<&str>, || Absent).is_err());
+        // Rolling back: the target's image (or the source's), without the single read's mirror.
+        assert_eq!(
+            answer_in(Phase::Reverting, Live("new"), Live("old")),
+            Some("new")
+        );
+        assert_eq!(answer_in(Phase::Reverting, Tombstone, Live("old")), None);
+        assert_eq!(
+            answer_in(Phase::Reverting, Absent, Live("old")),
+            Some("old")
+        );
     }
 
     #[test]

@@ -189,16 +189,15 @@ async fn execute(
     };
     let tombstone = envelope::tombstone_of(keys.id);
     if let Step::Find(side) = step {
-        let found = match find(inner, side, &located.locations, &by_id, deadline).await? {
+        let found = match find(inner, side, &located.locations, &by_id, condition, deadline).await?
+        {
             None => Found::Absent,
-            Some((found, _)) if is_tombstone(&found) => Found::Tombstone,
-            Some((found, at)) => match condition {
-                Some(c) if !matches_at(inner, at, &by_id, c, deadline).await? => Found::Unmatched,
-                _ => {
-                    *images.found_on(side) = Some(found.clone());
-                    Found::Live(found)
-                }
-            },
+            Some((found, _, _)) if is_tombstone(&found) => Found::Tombstone,
+            Some((_, _, false)) => Found::Unmatched,
+            Some((found, _, true)) => {
+                *images.found_on(side) = Some(found.clone());
+                Found::Live(found)
+            }
         };
         return Ok(Answer::Found(found));
     }
@@ -360,20 +359,24 @@ fn rolled_back_source(snapshot: &Snapshot, side: Side) -> Option<i64> {
         .flatten()
 }
 
-/// The document `by_id` finds at `location`, if any.
+/// The document `by_id` finds at `location`, if any, and whether it matches `condition`
+/// (read with it in one atomic step; `true` without a condition).
 async fn probe(
     inner: &Inner,
     location: &Location,
     by_id: &Document,
+    condition: Option<&Document>,
     deadline: Instant,
-) -> Result<Option<Document>, StepError> {
-    command::find_one(
-        &database(inner, location)?,
-        &location.collection,
-        by_id.clone(),
-        deadline,
-    )
-    .await
+) -> Result<Option<(Document, bool)>, StepError> {
+    let db = database(inner, location)?;
+    match condition {
+        None => command::find_one(&db, &location.collection, by_id.clone(), deadline)
+            .await
+            .map(|found| found.map(|d| (d, true))),
+        Some(c) => {
+            command::find_one_matching(&db, &location.collection, by_id.clone(), c, deadline).await
+        }
+    }
     .map_err(command_error)
 }
 
@@ -382,12 +385,13 @@ async fn probe_each(
     inner: &Inner,
     locations: &[Location],
     by_id: &Document,
+    condition: Option<&Document>,
     deadline: Instant,
-) -> Result<Vec<Option<Document>>, StepError> {
+) -> Result<Vec<Option<(Document, bool)>>, StepError> {
     futures::future::try_join_all(
         locations
             .iter()
-            .map(|location| probe(inner, location, by_id, deadline)),
+            .map(|location| probe(inner, location, by_id, condition, deadline)),
     )
     .await
 }
@@ -399,26 +403,27 @@ async fn holding(
     by_id: &Document,
     deadline: Instant,
 ) -> Result<Vec<bool>, StepError> {
-    let found = probe_each(inner, locations, by_id, deadline).await?;
+    let found = probe_each(inner, locations, by_id, None, deadline).await?;
     Ok(found.iter().map(Option::is_some).collect())
 }
 
 /// The document `by_id` finds on `side` among `locations` (those its version lists for the
-/// id), and where: at the one location of a hashed layout; among several (`fanout`), each
-/// asked at once, where the protocol reads it ([`protocol::listed_location`]: the first
-/// listed location holding the id).
+/// id), where, and whether it matches `condition`: at the one location of a hashed layout;
+/// among several (`fanout`), each asked at once, where the protocol reads it
+/// ([`protocol::listed_location`]: the first listed location holding the id).
 async fn find<'a>(
     inner: &Inner,
     side: Side,
     locations: &'a [Location],
     by_id: &Document,
+    condition: Option<&Document>,
     deadline: Instant,
-) -> Result<Option<(Document, &'a Location)>, StepError> {
+) -> Result<Option<(Document, &'a Location, bool)>, StepError> {
     if let [location] = locations {
-        let found = probe(inner, location, by_id, deadline).await?;
-        return Ok(found.map(|found| (found, location)));
+        let found = probe(inner, location, by_id, condition, deadline).await?;
+        return Ok(found.map(|(found, matched)| (found, location, matched)));
     }
-    let mut found = probe_each(inner, locations, by_id, deadline).await?;
+    let mut found = probe_each(inner, locations, by_id, condition, deadline).await?;
     let holds: Vec<bool> = found.iter().map(Option::is_some).collect();
     let step = Step::<Document, Document>::Find(side);
     Ok(match protocol::listed_location(&step, locations, &holds) {
@@ -426,7 +431,7 @@ async fn find<'a>(
             .iter()
             .position(|l| std::ptr::eq(l, location))
             .and_then(|i| found[i].take())
-            .map(|found| (found, location)),
+            .map(|(found, matched)| (found, location, matched)),
         Listed::Answered(_) => None,
     })
 }
@@ -442,8 +447,15 @@ async fn mirror_to_source(
 ) -> Result<Answer<Document>, StepError> {
     let target = snapshot.target.locate(keys.tenant_key, keys.id_key)?;
     let by_id = doc! { "_id": keys.id.clone() };
-    let Some((image, found_at)) =
-        find(inner, Side::Target, &target.locations, &by_id, deadline).await?
+    let Some((image, found_at, _)) = find(
+        inner,
+        Side::Target,
+        &target.locations,
+        &by_id,
+        None,
+        deadline,
+    )
+    .await?
     else {
         return Ok(Answer::Matched(false));
     };
@@ -520,19 +532,6 @@ async fn replace_next_revision(
             return Ok(Some((current, next)));
         }
     }
-}
-
-/// Whether the document `by_id` finds at `location` matches `condition` too, asked of the
-/// server (which compares as the collection's collation says).
-async fn matches_at(
-    inner: &Inner,
-    location: &Location,
-    by_id: &Document,
-    condition: &Document,
-    deadline: Instant,
-) -> Result<bool, StepError> {
-    let both = doc! { "$and": [by_id.clone(), condition.clone()] };
-    Ok(probe(inner, location, &both, deadline).await?.is_some())
 }
 
 /// What a payload is, once it has been materialised.

@@ -195,6 +195,54 @@ pub async fn delete_one(
     written(run(db, command, deadline, Effect::Writes).await?)
 }
 
+/// The first document of `collection` matching `by_id`, and whether it also matches
+/// `condition`, read in one atomic step: an aggregation whose `$facet` judges the one document
+/// it read, so no write can get between the document and the verdict (two finds, by id and
+/// then with the condition, would judge two different versions of it).
+pub async fn find_one_matching(
+    db: &Database,
+    collection: &str,
+    by_id: Document,
+    condition: &Document,
+    deadline: Instant,
+) -> Result<Option<(Document, bool)>, CommandError> {
+    let pipeline = vec![
+        doc! { "$match": by_id },
+        doc! { "$limit": 1 },
+        doc! { "$facet": {
+            "doc": [],
+            "matched": [ { "$match": condition.clone() }, { "$project": { "_id": 1 } } ],
+        } },
+    ];
+    let reply = run(
+        db,
+        doc! { "aggregate": collection, "pipeline": pipeline, "cursor": {} },
+        deadline,
+        Effect::Reads,
+    )
+    .await?;
+    let Some(facets) = reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .and_then(|batch| batch.first())
+        .and_then(Bson::as_document)
+    else {
+        return Ok(None);
+    };
+    let found = facets
+        .get_array("doc")
+        .ok()
+        .and_then(|d| d.first())
+        .and_then(Bson::as_document)
+        .cloned();
+    let matched = facets
+        .get_array("matched")
+        .map(|m| !m.is_empty())
+        .unwrap_or(false);
+    Ok(found.map(|d| (d, matched)))
+}
+
 /// What a [`find_and_modify`] does to the document it finds.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Modify {
