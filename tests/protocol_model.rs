@@ -3,13 +3,16 @@
 //! two routers, the backfill copier, the cleaner, the revert copier, a repairer, the driver
 //! moving phases and sealing a rollback, and an operator forgetting a router, on a few
 //! operations over two or three ids, some of them shared by both layouts, or over one or two
-//! ids of a fanout source, explored breadth first with state hashing.
+//! ids of a fanout source, some operations conditional (the application's filter beside the
+//! id), upserts among them, and many-document reads, explored breadth first with state
+//! hashing.
 //!
 //! The actors run the product's own decisions from `reshard::protocol` (the operation machines;
 //! the workers' `backfill_action`, `cleanup_action`, `cleanup_decision` and `revert_action`, and
 //! their checkpoints' `BatchWindow`; the repair's `repair_copy_step` and `repair_replace_step`;
 //! `purge_tombstone_step`; the mirrors' `mirror_writes` and `mirror_location`; where a step on
-//! a fanout source goes, `listed_location`) against an in-memory store of two layouts whose
+//! a fanout source goes, `listed_location`; a many-document read's plan and per-id answer,
+//! `query_plan` and `query_answer`) against an in-memory store of two layouts whose
 //! single-document steps are atomic, as MongoDB makes them. The model only executes steps and
 //! decisions; it deviates, for the broken variants, only in its own executor and actors. A
 //! stored document knows whether it is a pristine copy (`_reshard.src = "copy"`, written by a
@@ -136,11 +139,43 @@
 //!   of the listed locations when it reads the batch (`place_mirrors`, in the product just
 //!   before the batch is sent), so the write lands later; cleanup deletes a document where
 //!   its scan read it; the source's purge runs at every listed location.
+//! - conditional operations (`Call::Op` with a condition, `Below(k)`: the document's value is
+//!   below `k`; the workloads' updates `Add(10)` make a document stop matching `Below(10)`, a
+//!   replace or an insert of a small value makes it match again): the router's executor
+//!   answers a conditional find in one atomic read, `Found::Unmatched` for a live document
+//!   the condition does not match, and puts the condition in the filter of the writes that
+//!   act on a live document (`ReplaceLive`, the delete's tombstone among them, `UpdateLive`,
+//!   `DeleteLive`: `execute_if`), never in the others (the inserts of copies, tombstones and
+//!   new documents, `ReplaceTombstone`, `ReplaceCopy`, `Delete`, the purges, the mirrors);
+//!   the machines decide the rest. The product's executor was first described as finding in
+//!   two reads (by id, then `{_id, $and: [condition]}`), which the model catches
+//!   (`Broken::FindInTwoReads`): the model's find is the atomic one the machines assume;
+//! - upserts (`Operation::Upsert`), with and without a condition: the machine's update
+//!   (copied on write from the source), its insert along the insert's path where nothing
+//!   matched, and its retry-once rule (`Event::UpsertRetried`) when that insert meets a
+//!   document holding the id;
+//! - many-document reads (`Call::Query`, the front's `find` on the tenant with a filter): a
+//!   router's operation over every routable id, planned by `query_plan` in the phase the
+//!   router applies (not started while the plan is `Held`, in `revert_switch`, as a write is
+//!   not); each of the plan's reads (`QueryRead`: the source's matches, the presence check of
+//!   the ids that read returned, the target's matches) reads the ids in id order, each
+//!   document atomically and one action each among everything else, the read done before the
+//!   next starts (`QueryRun`, in the runs' table: the state keeps its number); then
+//!   `query_answer` answers each id from what the reads found of it. `query_answer` refuses
+//!   every read in `reverting`, where the `Get` machine asks for its mirror before it reports:
+//!   the front fails such a read, and the model takes it for one that told nothing
+//!   (`Event::QueryRefused`); the experiment `Setup::unmirrored_query_answers` answers them by
+//!   the `Get` machine's outcome, the mirror answered unsent.
 //!
 //! The checks, after every step:
 //! - the history of every id is linearizable against a plain key-value specification (every
 //!   acknowledged write is what a later read returns; a deleted id reads as absent), tracked as
-//!   the set of abstract states some linearization of the history so far can be in;
+//!   the set of abstract states some linearization of the history so far can be in. With
+//!   conditions (`spec`): a conditional update, delete or replace applies only to a live
+//!   document the condition matches, a conditional read returns only such a document, and
+//!   where a live document holds the id but does not match, an upsert (and a replace with
+//!   upsert) reports a duplicate, as MongoDB's unique index makes it. A many-document read is
+//!   a conditional read of every id it covers, pending from its start to its answer;
 //! - a read started at this instant, along every read path a router may be using, returns a
 //!   value one of those linearizations allows;
 //! - no actor but a router writing the source layout (or, for a shared id's one document, any
@@ -175,8 +210,14 @@
 //! router's mirror, or the revert copier's, writes into a shared id's one document; with a
 //! fanout source, a router's mirror, or the revert copier's, goes to the first listed
 //! location whatever holds the id, an insert goes there without looking at the others, or a
-//! replace, an update or a delete goes there without looking where the document is) must
-//! each be caught, so that a clean run of the real protocol means something.
+//! replace, an update or a delete goes there without looking where the document is; a
+//! conditional operation's condition left out of the filter of its writes, or out of its
+//! delete's tombstone in the target alone; the find checking the condition in a second read,
+//! answering the first read's document or the second's; `Unmatched` in the target taken for
+//! `Absent`; an upsert sent to the target as MongoDB's own, or reporting the duplicate without
+//! trying its update again; a many-document read that reads the target's matches before the
+//! presence check, or makes none) must each be caught, so that a clean run of the real
+//! protocol means something.
 //!
 //! Not modelled: the routing field a staying document is stamped with (the model's layouts
 //! have none: `Disposition::Stays { stamp: None }`); misplaced documents and their repair; a
@@ -207,6 +248,14 @@
 //! `reverting` or `revert_switch` could not lose it here: the rule that refuses it there is
 //! enforced, not tested by a broken variant. A router shutting down (draining, then
 //! deregistering) is not modelled apart: to the protocol it is a router that stopped serving.
+//! Conditions and many-document reads in the fanout world (its probes would carry the
+//! condition); conditions other than one threshold on the value (the condition is the
+//! server's business: only whether it matches counts), and an upsert's document built from
+//! the filter's equalities (the workload gives it); a many-document read's other forms
+//! (`count`, `distinct`, `aggregate`: the same plan and answers), another order of its
+//! documents within a read than the ids', its batches and cursors (`getMore`, and a cursor
+//! going on across a phase move, `cursor_continues`), and how long it waits in
+//! `revert_switch`.
 //!
 //! Always on: the issue's workload (2 routers x 3 operations x 2 ids) with every phase move, by
 //! itself and with one lease expiry, one transient failure, one worker kill, a lost copy, a
@@ -224,8 +273,15 @@
 //! router with one id on the second listed location, and on inserts of one id there, each by
 //! itself and with one lease expiry; heavy: batches with a transient failure, a kill, and the
 //! full `updates_and_deletes` and `deletes_and_recreations` with both ids on the second
-//! listed location. Figures: BENCHMARKS.md, "Protocol model" (the batch, shared-id and fanout
-//! runs: the test output).
+//! listed location. Conditions: `conditional` by itself and with one lease expiry, and
+//! `conditional_upserts`; upserts: `upserts` by itself and with one lease expiry; many-document
+//! reads: `queries` by itself, with one lease expiry and with one worker kill. Heavy:
+//! `conditional` with a transient failure, with a kill, and with either id shared;
+//! `conditional_upserts` with a lease expiry; `conditional_short` in two batches with a
+//! transient failure; `upserts` with a kill, with a transient failure, and with either id
+//! shared; `queries` in two batches with a transient failure, with either id shared, and the
+//! experiment `Setup::unmirrored_query_answers` with a lease expiry. Figures: BENCHMARKS.md,
+//! "Protocol model" (the batch, shared-id and fanout runs: the test output).
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
@@ -239,9 +295,9 @@ use reshard::phase::{Gate, Phase, WritePath};
 use reshard::protocol::{
     backfill_action, cleanup_action, cleanup_decision, cleanup_delete_step, cleanup_lookup_step,
     copy_result, listed_location, mirror_location, mirror_writes, purge_tombstone_step,
-    repair_copy_step, repair_replace_step, revert_action, Answer, BackfillAction, BatchWindow,
-    CleanupAction, CleanupDecision, Found, Interrupted, Listed, Next, Operation, OperationMachine,
-    Outcome, Payload, RevertAction, Side, Step,
+    query_answer, query_plan, repair_copy_step, repair_replace_step, revert_action, Answer,
+    BackfillAction, BatchWindow, CleanupAction, CleanupDecision, Found, Interrupted, Listed, Next,
+    Operation, OperationMachine, Outcome, Payload, QueryPlan, RevertAction, Side, Step,
 };
 use reshard::routing::Location;
 
@@ -257,6 +313,22 @@ struct Add(u8);
 type Op = Operation<u8, Add>;
 type Machine = OperationMachine<u8, Add>;
 type MStep = Step<u8, Add>;
+
+/// The application's condition beside the id (`updateOne({_id, v: {$lt: k}}, ...)`, a queue's
+/// `findOneAndUpdate`, a query's filter): the document's value is below `k`. With the
+/// workloads' values (1, 2) and updates (`Add(10)`, `Add(20)`) a document matches `Below(10)`
+/// until an update makes it stop matching, and a replace or an insert of a small value makes
+/// it match again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Below(u8);
+
+/// Whether a live document of value `v` matches `cond` (no condition: every live document).
+fn matches(cond: Option<Below>, v: u8) -> bool {
+    cond.is_none_or(|Below(k)| v < k)
+}
+
+/// The `Get` every id of a many-document read stands for in the specification.
+const GET: Op = Operation::Get;
 
 // ---------------------------------------------------------------------------------------------
 // The store: two layouts, one slot per id and side.
@@ -445,8 +517,25 @@ fn execute(store: &mut Store, id: usize, step: &MStep) -> Answer<u8> {
 
 /// Executes one single-document step atomically, on the source at its listed location `at`.
 fn execute_at(store: &mut Store, id: usize, at: usize, step: &MStep) -> Answer<u8> {
+    execute_if(store, id, at, step, None)
+}
+
+/// Executes one single-document step atomically, on the source at its listed location `at`,
+/// with the operation's condition in the filter of the writes that act on a live document
+/// (`ReplaceLive`, the delete's `ReplaceLive(side, Tombstone)` among them, `UpdateLive`,
+/// `DeleteLive`), as the product's executor sends them; every other step ignores it (copies,
+/// tombstones and new documents are inserted, a tombstone is replaced, whatever the
+/// condition). A find ignores it too: the router's executor answers a conditional find itself
+/// (`Model::advance_run`).
+fn execute_if(
+    store: &mut Store,
+    id: usize,
+    at: usize,
+    step: &MStep,
+    cond: Option<Below>,
+) -> Answer<u8> {
     let before = store.source_slots[id][at];
-    let answer = execute_step(store, id, at, step);
+    let answer = execute_step(store, id, at, step, cond);
     // A write that matched nothing leaves the source document, and its stamp, as they were.
     // One that changed it: a replace, a tombstone or an insert builds the document afresh,
     // without `_reshard.mig`; an update (`$set`, `$inc`) keeps it. A moving id's source
@@ -462,8 +551,17 @@ fn execute_at(store: &mut Store, id: usize, at: usize, step: &MStep) -> Answer<u
     answer
 }
 
-fn execute_step(store: &mut Store, id: usize, at: usize, step: &MStep) -> Answer<u8> {
+fn execute_step(
+    store: &mut Store,
+    id: usize,
+    at: usize,
+    step: &MStep,
+    cond: Option<Below>,
+) -> Answer<u8> {
     let source_rev = store.get(Side::Source, id).rev().unwrap_or(0);
+    // A live document the condition (if any) matches: what the live-acting writes' filter
+    // selects.
+    let live = |slot: &Slot| matches!(*slot, Slot::Live { v, .. } if matches(cond, v));
     match step {
         Step::Find(side) => Answer::Found(store.slot_at(*side, id, at).found()),
         Step::Insert(side, payload) => {
@@ -477,7 +575,7 @@ fn execute_step(store: &mut Store, id: usize, at: usize, step: &MStep) -> Answer
         }
         Step::ReplaceLive(side, payload) => {
             let slot = store.slot_at(*side, id, at);
-            let hit = matches!(slot, Slot::Live { .. });
+            let hit = live(slot);
             if hit {
                 *slot = written(*slot, payload, source_rev);
             }
@@ -495,7 +593,7 @@ fn execute_step(store: &mut Store, id: usize, at: usize, step: &MStep) -> Answer
             let slot = store.slot_at(*side, id, at);
             match *slot {
                 // The update stamps `_reshard.src = "app"`: no longer a pristine copy.
-                Slot::Live { v, rev, .. } => {
+                Slot::Live { v, rev, .. } if matches(cond, v) => {
                     *slot = Slot::Live {
                         v: v.wrapping_add(*k),
                         rev: rev + 1,
@@ -514,7 +612,7 @@ fn execute_step(store: &mut Store, id: usize, at: usize, step: &MStep) -> Answer
         }
         Step::DeleteLive(side) => {
             let slot = store.slot_at(*side, id, at);
-            let hit = matches!(slot, Slot::Live { .. });
+            let hit = live(slot);
             if hit {
                 *slot = Slot::Absent;
             }
@@ -688,27 +786,42 @@ fn res(outcome: &Outcome<u8>) -> Res {
     }
 }
 
-fn spec(op: &Op, value: Option<u8>) -> (Option<u8>, Res) {
-    match (op, value) {
-        (Operation::Get, v) => (v, Res::Read(v)),
-        (Operation::Insert(d), None) => (Some(*d), Res::Inserted),
-        (Operation::Insert(_), v) => (v, Res::Duplicate),
-        (Operation::Replace { doc, .. }, Some(_)) => (Some(*doc), Res::Changed(true)),
-        (Operation::Replace { doc, upsert }, None) => {
-            if *upsert {
-                (Some(*doc), Res::Changed(true))
-            } else {
-                (None, Res::Changed(false))
-            }
-        }
-        (Operation::Update(Add(k)), Some(v)) => (Some(v.wrapping_add(*k)), Res::Changed(true)),
-        (Operation::Update(_), None) => (None, Res::Changed(false)),
-        (Operation::Delete, Some(_)) => (None, Res::Changed(true)),
-        (Operation::Delete, None) => (None, Res::Changed(false)),
-        (Operation::Upsert { update: Add(k), .. }, Some(v)) => {
-            (Some(v.wrapping_add(*k)), Res::Changed(true))
-        }
-        (Operation::Upsert { insert, .. }, None) => (Some(*insert), Res::Inserted),
+/// The operation `op`, with the application's condition `cond` beside the id, applied
+/// atomically to `value`: the new value and what it reports. A conditional update, delete or
+/// replace applies only to a live document the condition matches, a conditional read returns
+/// only such a document; where a document holds the id but does not match, an upsert (and a
+/// replace with upsert) would insert a second document of the id, which MongoDB refuses with
+/// a duplicate key. An insert has no condition.
+fn spec(op: &Op, cond: Option<Below>, value: Option<u8>) -> (Option<u8>, Res) {
+    let matched = value.filter(|&v| matches(cond, v));
+    match op {
+        Operation::Get => (value, Res::Read(matched)),
+        Operation::Insert(d) => match value {
+            None => (Some(*d), Res::Inserted),
+            Some(_) => (value, Res::Duplicate),
+        },
+        Operation::Replace { doc, upsert } => match (value, matched) {
+            (_, Some(_)) => (Some(*doc), Res::Changed(true)),
+            (Some(_), None) if *upsert => (value, Res::Duplicate),
+            (None, None) if *upsert => (Some(*doc), Res::Changed(true)),
+            _ => (value, Res::Changed(false)),
+        },
+        Operation::Update(Add(k)) => match matched {
+            Some(v) => (Some(v.wrapping_add(*k)), Res::Changed(true)),
+            None => (value, Res::Changed(false)),
+        },
+        Operation::Delete => match matched {
+            Some(_) => (None, Res::Changed(true)),
+            None => (value, Res::Changed(false)),
+        },
+        Operation::Upsert {
+            update: Add(k),
+            insert,
+        } => match (value, matched) {
+            (_, Some(v)) => (Some(v.wrapping_add(*k)), Res::Changed(true)),
+            (Some(_), None) => (value, Res::Duplicate),
+            (None, None) => (Some(*insert), Res::Inserted),
+        },
     }
 }
 
@@ -726,15 +839,19 @@ struct Config {
     ops: [Lin; ROUTERS],
 }
 
+/// An operation pending on an id, with its condition: a router's, or a many-document read's
+/// conditional `Get` of each id.
+type PendingOp<'a> = Option<(&'a Op, Option<Below>)>;
+
 /// Adds every configuration reachable by linearizing pending operations. Keeps the set sorted.
-fn close(configs: &mut Vec<Config>, pending: &[Option<&Op>; ROUTERS]) {
+fn close(configs: &mut Vec<Config>, pending: &[PendingOp<'_>; ROUTERS]) {
     let mut set: BTreeSet<Config> = configs.iter().copied().collect();
     let mut work: Vec<Config> = configs.clone();
     while let Some(c) = work.pop() {
         for (r, op) in pending.iter().enumerate() {
             if c.ops[r] == Lin::Pending {
-                let op = op.expect("a pending operation");
-                let (value, out) = spec(op, c.value);
+                let (op, cond) = op.expect("a pending operation");
+                let (value, out) = spec(op, cond, c.value);
                 let mut n = c;
                 n.value = value;
                 n.ops[r] = Lin::Done(out);
@@ -759,12 +876,57 @@ enum Pend {
     /// The mirror read the target; its conditional write to the source is next, at this
     /// listed location (`None`: not placed yet, the fanout source's probe is next).
     MirrorWrite(Slot, Option<usize>),
+    /// The broken `FindInTwoReads` and `FindInTwoReadsAnsweringTheSecond`: a conditional
+    /// operation's find of this side read a live document of this value by its id; the
+    /// executor's second read, of the id with the condition (`{_id, $and: [condition]}`), is
+    /// next: a document, and the find answers `Live`, else `Unmatched`. Two reads, each
+    /// atomic, the pair not: the document may change between them.
+    Matching(Side, u8),
+    /// The broken `UpsertNative`: the application's upsert sent to the target as MongoDB's
+    /// own (an update with `upsert: true`, filtered by the id and the condition), one atomic
+    /// step instead of the machine's.
+    NativeUpsert,
 }
 
+/// A router's operation in flight: a machine and its pending step, or a many-document read.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Run {
-    machine: Machine,
-    pend: Pend,
+enum Run {
+    Op { machine: Machine, pend: Pend },
+    Query(QueryRun),
+}
+
+/// One of the reads of a many-document read (`protocol::QueryPlan`), each a whole read of the
+/// workload's ids done before the next starts: each document read atomically, one action
+/// each, in id order, the read as a whole not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum QueryRead {
+    /// The source's documents matching the filter (tombstones never do).
+    Source,
+    /// Which of the ids the source read returned the target holds, live or tombstone.
+    Presence,
+    /// The target's live documents matching the filter.
+    Target,
+}
+
+/// What a many-document read found of one id so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Gathered {
+    /// The source read returned the id's document, of this value.
+    source: Option<u8>,
+    /// The presence check found the id in the target.
+    held: bool,
+    /// The target read returned the id's document, of this value.
+    target: Option<u8>,
+}
+
+/// A many-document read in flight (the front's `find` on the tenant, with `filter`), planned in
+/// the phase its router applies: the next read is `reads[step]` of id `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct QueryRun {
+    filter: Below,
+    step: u8,
+    id: u8,
+    found: [Gathered; IDS],
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1122,6 +1284,84 @@ enum Broken {
     /// product's rule before `listed_location` for every write no find preceded): they match
     /// nothing there, and the application is told that no document was changed.
     SourceWriteToFirstListed,
+    /// The router's executor leaves a conditional operation's condition out of the filter of
+    /// the writes that act on a live document (`ReplaceLive`, the delete's tombstone,
+    /// `UpdateLive`, `DeleteLive`): a write that made the document stop matching lands
+    /// between the find and the write, or the update is sent without a find, and the
+    /// conditional write applies anyway.
+    ConditionLeftOutOfWrites,
+    /// The same for the delete's tombstone in the target alone (`ReplaceLive(Target,
+    /// Tombstone)`, which always follows the delete's find), as if the find had settled the
+    /// condition: an update that makes the document stop matching lands between the delete's
+    /// find and its tombstone, and the document is deleted all the same.
+    ConditionLeftOutOfTheTombstone,
+    /// The executor finds in two reads, as first designed: the document by its id, then, if
+    /// live, whether it matches with a read of the id and the condition (`{_id, $and:
+    /// [condition]}`), answering the first read's document, or `Unmatched` when the second
+    /// found none. The pair is not atomic: a conditional read returns a document that does
+    /// not match (a write made it match between the reads), and a document deleted between
+    /// them is taken for one that does not match (a replace with upsert then reports a
+    /// duplicate where nothing holds the id).
+    FindInTwoReads,
+    /// The same, answering the document the second read returned (which matched when it was
+    /// read): a document deleted between the reads is still taken for one that does not
+    /// match.
+    FindInTwoReadsAnsweringTheSecond,
+    /// The executor answers a conditional find of the target with `Absent` where a live
+    /// document does not match (as if the machines took `Unmatched` in the target for
+    /// `Absent`): the machine goes on to the source, whose stale image may match, and reads,
+    /// tombstones or copies it, though the target's document supersedes it.
+    UnmatchedTargetAsAbsent,
+    /// The application's upsert sent to the target as MongoDB's own (an update with `upsert:
+    /// true`, filtered by the id and the condition) instead of along the machine's paths: where
+    /// only the source holds the id, it inserts a second document of the id in the target,
+    /// which supersedes the source's, instead of copying and updating it.
+    UpsertNative,
+    /// An upsert whose insert met a document holding the id reports the duplicate at once,
+    /// without trying its update once more (the retry-once rule): two upserts of a new id
+    /// race, and the one that loses reports a duplicate where MongoDB updates.
+    UpsertNeverRetries,
+    /// A many-document read reads the target's matching documents before the presence check
+    /// (the plan's second and third reads swapped): a document copied to the target between
+    /// them is taken for superseded by the presence check and was not in the target's read.
+    QueryTargetBeforePresence,
+    /// A many-document read without the presence check: a source document matching the
+    /// filter is returned although the target holds a newer image of it that does not match.
+    QueryWithoutPresenceCheck,
+}
+
+/// One of a router's calls in a workload.
+#[derive(Clone, Debug)]
+enum Call {
+    /// An operation of the router's API on id `id`, with the application's condition beside
+    /// the id, if any: the router's executor answers a find of a live document the condition
+    /// does not match with `Found::Unmatched`, and puts it in the filter of every write that
+    /// acts on a live document (`execute_if`).
+    Op {
+        id: usize,
+        op: Op,
+        cond: Option<Below>,
+    },
+    /// A many-document read of the tenant with this filter (the front's `find`): the reads of
+    /// `protocol::query_plan`'s plan, one document at a time, then each id answered by
+    /// `protocol::query_answer`.
+    Query(Below),
+}
+
+/// Unconditional operations, as the workloads before conditions wrote them.
+fn calls(ops: Vec<(usize, Op)>) -> Vec<Call> {
+    ops.into_iter()
+        .map(|(id, op)| Call::Op { id, op, cond: None })
+        .collect()
+}
+
+/// An operation on `id` with the condition `Below(k)` beside the id.
+fn when(id: usize, op: Op, k: u8) -> Call {
+    Call::Op {
+        id,
+        op,
+        cond: Some(Below(k)),
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -1129,7 +1369,7 @@ struct Workload {
     name: String,
     initial: [Option<u8>; IDS],
     ids: usize,
-    ops: [Vec<(usize, Op)>; ROUTERS],
+    ops: [Vec<Call>; ROUTERS],
     /// An id present in the source whose document cannot be routed (its tenant key is missing
     /// or of a type reshard does not route): no router can address it, the backfill
     /// dead-letters it (and an operator skips the dead letter), cleanup keeps it.
@@ -1173,6 +1413,10 @@ struct Setup {
     /// Another worker process re-plans an outdated revert copy (`Act::Replan`) while the
     /// revert copier's pass is under way, as the product's `planned()` does.
     replans: bool,
+    /// An experiment on a fix the product does not have: a many-document read in `reverting`
+    /// is answered by the `Get` machine's outcome without the mirror it asks for before it
+    /// reports (`query_answer` refuses the mirror, so the front fails every such read).
+    unmirrored_query_answers: bool,
 }
 
 impl Setup {
@@ -1188,6 +1432,7 @@ impl Setup {
             forgets: 0,
             batches: 1,
             replans: false,
+            unmirrored_query_answers: false,
         }
     }
 }
@@ -1343,6 +1588,11 @@ impl<'a> Model<'a> {
             cfg.workload.fanout.is_none()
                 || (cfg.workload.shared == [false; IDS] && cfg.workload.unroutable.is_none()),
             "the fanout world has no shared id and no unroutable document"
+        );
+        let plain = |call: &Call| matches!(call, Call::Op { cond: None, .. });
+        assert!(
+            cfg.workload.fanout.is_none() || cfg.workload.ops.iter().flatten().all(plain),
+            "the fanout world has no conditional operation and no many-document read"
         );
         Model {
             cfg,
@@ -1509,6 +1759,14 @@ impl<'a> Model<'a> {
         self.cfg.broken == Some(b)
     }
 
+    /// Whether the router's executor checks a conditional find's condition with a read of
+    /// its own, after the find by id (the broken `FindInTwoReads` and
+    /// `FindInTwoReadsAnsweringTheSecond`); the product's find is one atomic read of the
+    /// document and whether it matches.
+    fn find_in_two_reads(&self) -> bool {
+        self.broken(Broken::FindInTwoReads) || self.broken(Broken::FindInTwoReadsAnsweringTheSecond)
+    }
+
     fn mirror_rule(&self) -> MirrorRule {
         if self.broken(Broken::MirrorIgnoresRevision) {
             MirrorRule::Overwrite
@@ -1519,8 +1777,34 @@ impl<'a> Model<'a> {
         }
     }
 
-    fn op(&self, r: usize, i: u8) -> &(usize, Op) {
+    fn call(&self, r: usize, i: u8) -> &Call {
         &self.cfg.workload.ops[r][i as usize]
+    }
+
+    /// The id and the condition of router `r`'s operation `i` (not a many-document read).
+    fn op(&self, r: usize, i: u8) -> (usize, &Op, Option<Below>) {
+        match self.call(r, i) {
+            Call::Op { id, op, cond } => (*id, op, *cond),
+            Call::Query(_) => unreachable!("a many-document read has no one id"),
+        }
+    }
+
+    /// Router `r`'s operation `i`, for a message.
+    fn describe(&self, r: usize, i: u8) -> String {
+        match self.call(r, i) {
+            Call::Op { op, cond: None, .. } => format!("{op:?}"),
+            Call::Op {
+                op,
+                cond: Some(Below(k)),
+                ..
+            } => format!("{op:?} if below {k}"),
+            Call::Query(Below(k)) => format!("query of the documents below {k}"),
+        }
+    }
+
+    /// The ids a many-document read of the tenant covers: every routable one.
+    fn query_ids(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.cfg.workload.ids).filter(|&id| !self.unroutable(id))
     }
 
     /// Whether the driver still counts the router: registered, and its lease (plus the fence
@@ -1650,9 +1934,15 @@ impl<'a> Model<'a> {
             }
             // A write started in a phase that holds writes answers `Held` without a step and
             // is retried after the next acknowledgement: starting it changes nothing.
-            if let Some((_, op)) = self.cfg.workload.ops[r].get(router.next_op as usize) {
-                let held =
-                    router.acked.write_path() == WritePath::Held && !matches!(op, Operation::Get);
+            // So does a many-document read in `revert_switch` (`QueryPlan::Held`).
+            if let Some(call) = self.cfg.workload.ops[r].get(router.next_op as usize) {
+                let held = match call {
+                    Call::Op { op, .. } => {
+                        router.acked.write_path() == WritePath::Held
+                            && !matches!(op, Operation::Get)
+                    }
+                    Call::Query(_) => query_plan(router.acked) == QueryPlan::Held,
+                };
                 if !held {
                     acts.push(Act::Start(r));
                 }
@@ -1842,31 +2132,52 @@ impl<'a> Model<'a> {
                 s.routers[r].acked_sealed = s.sealed;
             }
             Act::Start(r) => {
-                let (id, op) = self.op(r, s.routers[r].next_op).clone();
                 let phase = s.routers[r].acked;
-                say!(log, "router {r}: starts {op:?} on id {id} in {phase}; ");
+                let what = self.describe(r, s.routers[r].next_op);
+                let (id, op, cond) = match self.call(r, s.routers[r].next_op) {
+                    Call::Op { id, op, cond } => (*id, op.clone(), *cond),
+                    Call::Query(filter) => {
+                        say!(log, "router {r}: starts a {what} in {phase}; ");
+                        return self.start_query(s, r, *filter, log);
+                    }
+                };
+                say!(log, "router {r}: starts {what} on id {id} in {phase}; ");
                 let mut lins = self.lins(s, id);
                 for c in lins.iter_mut() {
                     c.ops[r] = Lin::Pending;
                 }
-                let pending = self.pending(s, id, Some((r, &op)));
+                let pending = self.pending(s, id, Some((r, (&op, cond))));
                 close(&mut lins, &pending);
                 s.lin[id] = self.lins.number(lins);
                 // Broken: deletes before the seal run as after it, without a source tombstone.
                 let sealed = s.routers[r].acked_sealed
                     || self.broken(Broken::RolledBackDeletesWithoutTombstone);
+                let native = self.broken(Broken::UpsertNative)
+                    && matches!(op, Operation::Upsert { .. })
+                    && matches!(
+                        phase.write_path(),
+                        WritePath::Target | WritePath::TargetMirroredToSource
+                    );
                 let mut machine = Machine::new(phase, op).sealed(sealed);
                 let next = machine.next(None).map_err(|e| e.to_string())?;
                 source_writer = phase.write_path() == WritePath::Source;
-                self.advance(s, r, id, machine, next, log)?;
+                if native {
+                    s.routers[r].run = Some(self.runs.number(Run::Op {
+                        machine,
+                        pend: Pend::NativeUpsert,
+                    }));
+                } else {
+                    self.advance(s, r, id, machine, next, log)?;
+                }
             }
             Act::Step(r) => {
-                let id = self.op(r, s.routers[r].next_op).0;
                 source_writer = s.routers[r].acked.write_path() == WritePath::Source;
                 say!(log, "router {r}: ");
                 let run = s.routers[r].run.take().expect("a running operation");
-                let run = self.runs.get(run);
-                self.advance_run(s, r, id, run, log)?;
+                match self.runs.get(run) {
+                    Run::Op { machine, pend } => self.advance_run(s, r, machine, pend, log)?,
+                    Run::Query(query) => self.query_step(s, r, query, log)?,
+                }
             }
             Act::Work(w) => self.work(s, w, log)?,
             Act::LookUp(w) => self.cleaner_look_up(s, w, log),
@@ -2010,26 +2321,34 @@ impl<'a> Model<'a> {
     /// lands. The application is told what the machine says may have happened; the history
     /// must agree (nothing applied: no linearization may have applied it).
     fn interrupt(&self, s: &mut State, r: usize, run: Run, log: &mut Log) -> Checked<()> {
-        let id = self.op(r, s.routers[r].next_op).0;
-        let interrupted = run.machine.interrupted();
-        say!(log, "its operation stops: {interrupted:?}");
-        let mut lins = self.lins(s, id);
-        if interrupted == Interrupted::NothingApplied {
-            lins.retain(|c| c.ops[r] == Lin::Pending);
-            if lins.is_empty() {
-                return Err(format!(
-                    "router {r}'s {:?} on id {id} stopped saying nothing was applied, but \
-                     every linearization applied it",
-                    self.op(r, s.routers[r].next_op).1
-                ));
+        // A many-document read sends no write: it stops having read, and told, nothing.
+        let (ids, interrupted): (Vec<usize>, _) = match run {
+            Run::Op { machine, .. } => {
+                let (id, _, _) = self.op(r, s.routers[r].next_op);
+                (vec![id], machine.interrupted())
             }
+            Run::Query(_) => (self.query_ids().collect(), Interrupted::NothingApplied),
+        };
+        say!(log, "its operation stops: {interrupted:?}");
+        for id in ids {
+            let mut lins = self.lins(s, id);
+            if interrupted == Interrupted::NothingApplied {
+                lins.retain(|c| c.ops[r] == Lin::Pending);
+                if lins.is_empty() {
+                    return Err(format!(
+                        "router {r}'s {} on id {id} stopped saying nothing was applied, but \
+                         every linearization applied it",
+                        self.describe(r, s.routers[r].next_op)
+                    ));
+                }
+            }
+            for c in lins.iter_mut() {
+                c.ops[r] = Lin::Idle;
+            }
+            lins.sort();
+            lins.dedup();
+            s.lin[id] = self.lins.number(lins);
         }
-        for c in lins.iter_mut() {
-            c.ops[r] = Lin::Idle;
-        }
-        lins.sort();
-        lins.dedup();
-        s.lin[id] = self.lins.number(lins);
         s.routers[r].next_op += 1;
         Ok(())
     }
@@ -2039,14 +2358,22 @@ impl<'a> Model<'a> {
         &'b self,
         s: &State,
         id: usize,
-        starting: Option<(usize, &'b Op)>,
-    ) -> [Option<&'b Op>; ROUTERS] {
+        starting: Option<(usize, (&'b Op, Option<Below>))>,
+    ) -> [PendingOp<'b>; ROUTERS] {
         let mut out = [None; ROUTERS];
         for (r, router) in s.routers.iter().enumerate() {
             if router.run.is_some() {
-                let (op_id, op) = self.op(r, router.next_op);
-                if *op_id == id {
-                    out[r] = Some(op);
+                match self.call(r, router.next_op) {
+                    Call::Op {
+                        id: op_id,
+                        op,
+                        cond,
+                    } if *op_id == id => out[r] = Some((op, *cond)),
+                    // A many-document read is a conditional `Get` of each id it covers.
+                    Call::Query(filter) if !self.unroutable(id) => {
+                        out[r] = Some((&GET, Some(*filter)));
+                    }
+                    Call::Op { .. } | Call::Query(_) => {}
                 }
             }
         }
@@ -2056,24 +2383,108 @@ impl<'a> Model<'a> {
         out
     }
 
-    /// Runs the router's pending step and feeds the answer to its machine.
+    /// Runs the router's pending step and feeds the answer to its machine. A conditional
+    /// operation's find is one atomic read of the document and whether the condition matches
+    /// it (`Found::Unmatched` for a live document it does not match; one aggregation would
+    /// give that, `$match` on the id then a `$facet` of the document and of a branch that
+    /// `$match`es the condition, or two finds in one snapshot), and its live-acting writes
+    /// carry the condition in their filter (`execute_if`). The broken `FindInTwoReads*` find
+    /// in two actions (`Pend::Matching`).
     fn advance_run(
         &self,
         s: &mut State,
         r: usize,
-        id: usize,
-        run: Run,
+        mut machine: Machine,
+        pend: Pend,
         log: &mut Log,
     ) -> Checked<()> {
-        let Run { mut machine, pend } = run;
+        let (id, op, cond) = self.op(r, s.routers[r].next_op);
+        // Broken: the writes' filter leaves the condition out.
+        let write_cond = if self.broken(Broken::ConditionLeftOutOfWrites) {
+            None
+        } else {
+            cond
+        };
         let phase = s.routers[r].acked;
         let wait = |s: &mut State, pend: Pend| {
-            s.routers[r].run = Some(self.runs.number(Run {
+            s.routers[r].run = Some(self.runs.number(Run::Op {
                 machine: machine.clone(),
                 pend,
             }));
         };
+        let asked_find = matches!(pend, Pend::Step(Step::Find(_)) | Pend::Matching(..));
         let answer = match pend {
+            // A conditional find: one atomic read of the document and whether it matches.
+            Pend::Step(Step::Find(side)) if cond.is_some() && !self.find_in_two_reads() => {
+                let found = match s.store.get(side, id) {
+                    Slot::Live { v, .. } if !matches(cond, v) => {
+                        if side == Side::Target && self.broken(Broken::UnmatchedTargetAsAbsent) {
+                            say!(log, "(broken: unmatched taken for absent) ");
+                            Found::Absent
+                        } else {
+                            self.note(Event::Unmatched(side));
+                            Found::Unmatched
+                        }
+                    }
+                    slot => slot.found(),
+                };
+                say!(log, "Find({side:?}) with the condition -> {found:?}; ");
+                Answer::Found(found)
+            }
+            // Broken: the find by id, then the condition checked by a read of its own.
+            Pend::Step(Step::Find(side)) if cond.is_some() => {
+                let found = s.store.get(side, id).found();
+                say!(log, "Find({side:?}) by id -> {found:?}");
+                if let Found::Live(v) = found {
+                    say!(log, ", the read with the condition is next (broken)");
+                    wait(s, Pend::Matching(side, v));
+                    return Ok(());
+                }
+                say!(log, "; ");
+                Answer::Found(found)
+            }
+            Pend::Matching(side, v) => {
+                let now = s.store.get(side, id);
+                let found = match now {
+                    Slot::Live { v: now, .. } if matches(cond, now) => {
+                        if self.broken(Broken::FindInTwoReads) {
+                            Found::Live(v)
+                        } else {
+                            Found::Live(now)
+                        }
+                    }
+                    _ => Found::Unmatched,
+                };
+                if !matches!(now, Slot::Live { v: now, .. } if now == v) {
+                    self.note(Event::ChangedBetweenTheFindsReads);
+                }
+                say!(
+                    log,
+                    "Find({side:?}) with the condition reads {now:?} -> {found:?}; "
+                );
+                Answer::Found(found)
+            }
+            Pend::NativeUpsert => {
+                let Operation::Upsert { update, insert } = op else {
+                    unreachable!("only an upsert is sent as MongoDB's own")
+                };
+                let update = Step::UpdateLive(Side::Target, *update);
+                let outcome = match execute_if(&mut s.store, id, 0, &update, write_cond) {
+                    Answer::Matched(true) => Outcome::Changed(true),
+                    _ => {
+                        let insert = Step::Insert(Side::Target, Payload::App(*insert));
+                        match execute_if(&mut s.store, id, 0, &insert, None) {
+                            Answer::Inserted => Outcome::Inserted,
+                            _ => Outcome::Duplicate,
+                        }
+                    }
+                };
+                say!(
+                    log,
+                    "sends the upsert to the target as MongoDB's own (broken) -> {outcome:?}; "
+                );
+                return self.advance(s, r, id, machine, Next::Done(outcome), log);
+            }
             Pend::Step(Step::MirrorToSource)
                 if phase == Phase::RevertSwitch
                     && self.broken(Broken::RevertSwitchReadsSourceOnly) =>
@@ -2133,7 +2544,8 @@ impl<'a> Model<'a> {
                     _ => self.broken(Broken::SourceWriteToFirstListed),
                 };
                 if unlooked {
-                    let (a, how) = self.router_execute(&mut s.store, id, 0, &step, phase);
+                    let (a, how) =
+                        self.router_execute(&mut s.store, id, 0, &step, phase, write_cond);
                     say!(
                         log,
                         "{step:?} on {} unlooked (broken){how} -> {a:?}; ",
@@ -2165,7 +2577,7 @@ impl<'a> Model<'a> {
                 }
             }
             Pend::At(step, at) => {
-                let (a, how) = self.router_execute(&mut s.store, id, at, &step, phase);
+                let (a, how) = self.router_execute(&mut s.store, id, at, &step, phase, write_cond);
                 say!(log, "{step:?} on {}{how} -> {a:?}; ", FANOUT[at]);
                 if at > 0
                     && matches!(step, Step::ReplaceTombstone(..))
@@ -2176,12 +2588,48 @@ impl<'a> Model<'a> {
                 a
             }
             Pend::Step(step) => {
-                let (a, how) = self.router_execute(&mut s.store, id, 0, &step, phase);
+                // Broken: the delete's tombstone in the target sent without the condition, as if
+                // the find before it had settled it.
+                let tombstone = matches!(step, Step::ReplaceLive(Side::Target, Payload::Tombstone));
+                let write_cond = if tombstone && self.broken(Broken::ConditionLeftOutOfTheTombstone)
+                {
+                    None
+                } else {
+                    write_cond
+                };
+                let (a, how) = self.router_execute(&mut s.store, id, 0, &step, phase, write_cond);
                 say!(log, "{step:?}{how} -> {a:?}; ");
+                // A conditional write that met a live document its condition no longer
+                // matches (another write landed since the find).
+                let acts_on_live = match &step {
+                    Step::ReplaceLive(side, _) | Step::UpdateLive(side, _) => Some(*side),
+                    Step::DeleteLive(side) => Some(*side),
+                    _ => None,
+                };
+                if let Some(side) = acts_on_live {
+                    let live = matches!(s.store.get(side, id), Slot::Live { .. });
+                    if cond.is_some() && live && a == Answer::Matched(false) {
+                        self.note(Event::ConditionFailedOnAWrite);
+                    }
+                }
                 a
             }
         };
-        let next = machine.next(Some(answer)).map_err(|e| e.to_string())?;
+        let held = matches!(answer, Answer::Found(Found::Live(_) | Found::Unmatched));
+        let mut next = machine.next(Some(answer)).map_err(|e| e.to_string())?;
+        // An upsert whose insert met a document holding the id tries its update once more
+        // (`OperationMachine`'s retry-once rule): a find that found the id, then the update.
+        let retried = asked_find
+            && held
+            && matches!(op, Operation::Upsert { .. })
+            && matches!(next, Next::Do(Step::UpdateLive(..)));
+        if retried {
+            self.note(Event::UpsertRetried);
+            if self.broken(Broken::UpsertNeverRetries) {
+                say!(log, "reports the duplicate without trying again (broken); ");
+                next = Next::Done(Outcome::Duplicate);
+            }
+        }
         self.advance(s, r, id, machine, next, log)
     }
 
@@ -2196,10 +2644,11 @@ impl<'a> Model<'a> {
         at: usize,
         step: &MStep,
         phase: Phase,
+        cond: Option<Below>,
     ) -> (Answer<u8>, &'static str) {
         if phase == Phase::RolledBack && !self.broken(Broken::RolledBackWritesUnstamped) {
             let before = store.source_slots[id][at];
-            let a = execute_at(store, id, at, step);
+            let a = execute_if(store, id, at, step, cond);
             if store.source_slots[id][at] != before {
                 store.mirrored[id][at] = true;
             }
@@ -2208,7 +2657,7 @@ impl<'a> Model<'a> {
         if self.broken(Broken::DeleteWithoutTombstone) {
             match step {
                 Step::ReplaceLive(Side::Target, Payload::Tombstone) => {
-                    let a = execute(store, id, &Step::DeleteLive(Side::Target));
+                    let a = execute_if(store, id, 0, &Step::DeleteLive(Side::Target), cond);
                     return (a, " (broken: deletes instead)");
                 }
                 Step::Insert(Side::Target, Payload::Tombstone) => {
@@ -2217,7 +2666,7 @@ impl<'a> Model<'a> {
                 _ => {}
             }
         }
-        (execute_at(store, id, at, step), "")
+        (execute_if(store, id, at, step, cond), "")
     }
 
     /// Records the machine's next move: a pending step, or the operation's response.
@@ -2232,7 +2681,7 @@ impl<'a> Model<'a> {
     ) -> Checked<()> {
         match next {
             Next::Do(step) => {
-                s.routers[r].run = Some(self.runs.number(Run {
+                s.routers[r].run = Some(self.runs.number(Run::Op {
                     machine,
                     pend: Pend::Step(step),
                 }));
@@ -2249,9 +2698,9 @@ impl<'a> Model<'a> {
                 }
                 if lins.is_empty() {
                     return Err(format!(
-                        "router {r}'s {:?} on id {id} answered {outcome:?}, which no \
+                        "router {r}'s {} on id {id} answered {outcome:?}, which no \
                          linearization of the history allows",
-                        self.op(r, s.routers[r].next_op).1
+                        self.describe(r, s.routers[r].next_op)
                     ));
                 }
                 for c in lins.iter_mut() {
@@ -2265,6 +2714,177 @@ impl<'a> Model<'a> {
                 Ok(())
             }
         }
+    }
+
+    /// The reads of a many-document read planned in `phase`, in order (`query_plan`).
+    /// Broken: the target's read before the presence check (`QueryTargetBeforePresence`), or
+    /// no presence check (`QueryWithoutPresenceCheck`).
+    fn query_reads(&self, phase: Phase) -> &'static [QueryRead] {
+        use QueryRead::{Presence, Source, Target};
+        match query_plan(phase) {
+            QueryPlan::One(Side::Source) => &[Source],
+            QueryPlan::One(Side::Target) => &[Target],
+            QueryPlan::TargetThenSource if self.broken(Broken::QueryTargetBeforePresence) => {
+                &[Source, Target, Presence]
+            }
+            QueryPlan::TargetThenSource if self.broken(Broken::QueryWithoutPresenceCheck) => {
+                &[Source, Target]
+            }
+            QueryPlan::TargetThenSource => &[Source, Presence, Target],
+            QueryPlan::Held => unreachable!("a many-document read waits while the phase holds it"),
+        }
+    }
+
+    /// The next document a many-document read reads, from where `query` stands on: each read
+    /// covers the ids in order, the presence check only those the source read returned.
+    /// `None`: every read is done.
+    fn query_seek(&self, mut query: QueryRun, phase: Phase) -> Option<QueryRun> {
+        let reads = self.query_reads(phase);
+        while usize::from(query.step) < reads.len() {
+            let id = usize::from(query.id);
+            if id >= self.cfg.workload.ids {
+                query.step += 1;
+                query.id = 0;
+                continue;
+            }
+            let wanted = !self.unroutable(id)
+                && (reads[usize::from(query.step)] != QueryRead::Presence
+                    || query.found[id].source.is_some());
+            if wanted {
+                return Some(query);
+            }
+            query.id += 1;
+        }
+        None
+    }
+
+    /// A router starts a many-document read: a conditional `Get` of every id it covers is
+    /// pending from now until it answers.
+    fn start_query(&self, s: &mut State, r: usize, filter: Below, log: &mut Log) -> Checked<()> {
+        let phase = s.routers[r].acked;
+        say!(log, "{:?}", self.query_reads(phase));
+        for id in self.query_ids() {
+            let mut lins = self.lins(s, id);
+            for c in lins.iter_mut() {
+                c.ops[r] = Lin::Pending;
+            }
+            let pending = self.pending(s, id, Some((r, (&GET, Some(filter)))));
+            close(&mut lins, &pending);
+            s.lin[id] = self.lins.number(lins);
+        }
+        let query = QueryRun {
+            filter,
+            step: 0,
+            id: 0,
+            found: [Gathered::default(); IDS],
+        };
+        match self.query_seek(query, phase) {
+            Some(query) => {
+                s.routers[r].run = Some(self.runs.number(Run::Query(query)));
+                Ok(())
+            }
+            None => self.answer_query(s, r, query, log),
+        }
+    }
+
+    /// The many-document read's next document read, atomic; after the last, its answer.
+    fn query_step(&self, s: &mut State, r: usize, query: QueryRun, log: &mut Log) -> Checked<()> {
+        let phase = s.routers[r].acked;
+        let (id, read) = (
+            usize::from(query.id),
+            self.query_reads(phase)[usize::from(query.step)],
+        );
+        let mut query = query;
+        let filter = Some(query.filter);
+        let matching = |slot: Slot| match slot {
+            Slot::Live { v, .. } if matches(filter, v) => Some(v),
+            _ => None,
+        };
+        let found = &mut query.found[id];
+        match read {
+            QueryRead::Source => found.source = matching(s.store.get(Side::Source, id)),
+            QueryRead::Presence => found.held = s.store.get(Side::Target, id) != Slot::Absent,
+            QueryRead::Target => found.target = matching(s.store.get(Side::Target, id)),
+        }
+        say!(
+            log,
+            "the query's {read:?} read of id {id}: {:?}; ",
+            query.found[id]
+        );
+        query.id += 1;
+        match self.query_seek(query, phase) {
+            Some(query) => {
+                s.routers[r].run = Some(self.runs.number(Run::Query(query)));
+                Ok(())
+            }
+            None => self.answer_query(s, r, query, log),
+        }
+    }
+
+    /// Every read done: each id is answered by the product's `query_answer` from what the
+    /// reads found of it, and must be what a conditional `Get` of the id returns at some
+    /// instant since the query started.
+    fn answer_query(&self, s: &mut State, r: usize, query: QueryRun, log: &mut Log) -> Checked<()> {
+        let phase = s.routers[r].acked;
+        let mut answers = [None; IDS];
+        for id in self.query_ids() {
+            let found = query.found[id];
+            let target = || match found.target {
+                Some(v) => Found::Live(v),
+                None if found.held => Found::Unmatched,
+                None => Found::Absent,
+            };
+            let source = || found.source.map_or(Found::Absent, Found::Live);
+            let answer = if self.cfg.unmirrored_query_answers && phase == Phase::Reverting {
+                unmirrored_query_answer(phase, target(), source())?
+            } else {
+                match query_answer(phase, target, source) {
+                    Ok(answer) => answer,
+                    // The front fails the read with the error: the application is told
+                    // nothing, as after a lapse.
+                    Err(e) => {
+                        say!(log, "query_answer refuses id {id}: {e}; the read fails");
+                        self.note(Event::QueryRefused(phase));
+                        let run = Run::Query(query);
+                        return self
+                            .interrupt(s, r, run, log)
+                            .map(|()| s.routers[r].run = None);
+                    }
+                }
+            };
+            answers[id] = answer;
+        }
+        for id in self.query_ids() {
+            let (found, answer) = (query.found[id], answers[id]);
+            say!(log, "id {id}: {answer:?}; ");
+            if found.source.is_some() && answer.is_none() {
+                self.note(Event::QueryLeftOutASupersededSourceMatch);
+            }
+            if found.source.is_some() && !found.held && found.target.is_some() {
+                self.note(Event::QueryFoundATargetDocumentAfterThePresenceCheck);
+            }
+            let want = Lin::Done(Res::Read(answer));
+            let mut lins = self.lins(s, id);
+            if !self.cfg.lose_a_copy {
+                lins.retain(|c| c.ops[r] == want);
+            }
+            if lins.is_empty() {
+                return Err(format!(
+                    "router {r}'s {} answered {answer:?} for id {id}, which no linearization \
+                     of the history allows",
+                    self.describe(r, s.routers[r].next_op)
+                ));
+            }
+            for c in lins.iter_mut() {
+                c.ops[r] = Lin::Idle;
+            }
+            lins.sort();
+            lins.dedup();
+            s.lin[id] = self.lins.number(lins);
+        }
+        s.routers[r].run = None;
+        s.routers[r].next_op += 1;
+        Ok(())
     }
 
     /// What a source document read at `id` is to the migration, for the protocol's worker
@@ -2991,6 +3611,27 @@ impl<'a> Model<'a> {
     }
 }
 
+/// The experiment `Setup::unmirrored_query_answers`: `query_answer` as it would be if it
+/// answered the `Get` machine's outcome in `reverting` without the mirror it asks for before
+/// reporting (a many-document read sends no write).
+fn unmirrored_query_answer(
+    phase: Phase,
+    target: Found<u8>,
+    source: Found<u8>,
+) -> Checked<Option<u8>> {
+    let mut get: OperationMachine<u8, ()> = OperationMachine::new(phase, Operation::Get);
+    let mut answer = None;
+    loop {
+        answer = Some(match get.next(answer.take()).map_err(|e| e.to_string())? {
+            Next::Done(Outcome::Read(doc)) => return Ok(doc),
+            Next::Do(Step::Find(Side::Target)) => Answer::Found(target.clone()),
+            Next::Do(Step::Find(Side::Source)) => Answer::Found(source.clone()),
+            Next::Do(Step::MirrorToSource) => Answer::Matched(false),
+            other => return Err(format!("a read asked for {other:?}")),
+        });
+    }
+}
+
 /// A `get` run to completion at one instant, along `phase`'s read path, on a scratch copy of
 /// the store: the probe observes, its mirror (while rolling back, and in the revert switch)
 /// changes nothing that counts. Its steps run as the router's executor runs them: a find on
@@ -3090,6 +3731,24 @@ enum Event {
     /// A router re-created an id over its source tombstone on a fanout source's second listed
     /// location.
     TombstoneReplacedWhereItIs,
+    /// `query_answer` refused a many-document read in this phase: the front fails it.
+    QueryRefused(Phase),
+    /// A conditional find answered `Unmatched` on this side.
+    Unmatched(Side),
+    /// A conditional find's second read (with the condition) found the document other than
+    /// its first read (by id) did.
+    ChangedBetweenTheFindsReads,
+    /// A conditional write met a live document its condition does not match, and changed
+    /// nothing.
+    ConditionFailedOnAWrite,
+    /// An upsert's insert met a document holding the id, and its update was tried again.
+    UpsertRetried,
+    /// A many-document read left out an id whose source document matched, the target
+    /// holding it.
+    QueryLeftOutASupersededSourceMatch,
+    /// A many-document read returned the target's document of an id the presence check had
+    /// not found there (copied or written in between).
+    QueryFoundATargetDocumentAfterThePresenceCheck,
 }
 
 /// 64 bits: the chance that two of n states share a fingerprint (and one goes unexplored) is
@@ -3523,16 +4182,16 @@ fn updates_and_deletes() -> Workload {
         initial: [Some(1), Some(2), None],
         ids: 2,
         ops: [
-            vec![
+            calls(vec![
                 (0, Operation::Update(Add(10))),
                 (1, Operation::Delete),
                 (1, Operation::Insert(7)),
-            ],
-            vec![
+            ]),
+            calls(vec![
                 (0, Operation::Update(Add(20))),
                 (1, replace(9, true)),
                 (0, Operation::Delete),
-            ],
+            ]),
         ],
         unroutable: None,
         shared: [false; IDS],
@@ -3548,16 +4207,16 @@ fn deletes_and_recreations() -> Workload {
         initial: [Some(1), Some(2), None],
         ids: 2,
         ops: [
-            vec![
+            calls(vec![
                 (0, Operation::Delete),
                 (1, Operation::Update(Add(10))),
                 (0, Operation::Insert(5)),
-            ],
-            vec![
+            ]),
+            calls(vec![
                 (0, replace(8, false)),
                 (1, Operation::Delete),
                 (0, Operation::Get),
-            ],
+            ]),
         ],
         unroutable: None,
         shared: [false; IDS],
@@ -3574,16 +4233,16 @@ fn a_created_id() -> Workload {
         initial: [Some(1), Some(2), None],
         ids: 3,
         ops: [
-            vec![
+            calls(vec![
                 (2, Operation::Insert(5)),
                 (0, Operation::Update(Add(10))),
                 (1, Operation::Delete),
-            ],
-            vec![
+            ]),
+            calls(vec![
                 (2, Operation::Update(Add(20))),
                 (0, Operation::Delete),
                 (1, replace(9, true)),
-            ],
+            ]),
         ],
         unroutable: None,
         shared: [false; IDS],
@@ -3602,6 +4261,140 @@ fn updates_and_deletes_short() -> Workload {
         ops.truncate(2);
     }
     workload
+}
+
+fn upsert(update: u8, insert: u8) -> Op {
+    Operation::Upsert {
+        update: Add(update),
+        insert,
+    }
+}
+
+/// Conditional operations (`Below(10)`: the workloads' documents match until an update adds
+/// 10) racing unconditional ones, on two ids that start in the source: two conditional
+/// updates of id 0 (a queue's claim: one matches, the other finds the document no longer
+/// matching), then a conditional read of it racing a replace that makes it match again; a
+/// conditional delete of id 1 racing an update that makes it stop matching between the
+/// delete's find and its tombstone.
+fn conditional() -> Workload {
+    Workload {
+        name: "conditional".to_owned(),
+        initial: [Some(1), Some(2), None],
+        ids: 2,
+        ops: [
+            vec![
+                when(0, Operation::Update(Add(10)), 10),
+                when(1, Operation::Delete, 10),
+                when(0, Operation::Get, 10),
+            ],
+            vec![
+                when(0, Operation::Update(Add(10)), 10),
+                Call::Op {
+                    id: 1,
+                    op: Operation::Update(Add(10)),
+                    cond: None,
+                },
+                Call::Op {
+                    id: 0,
+                    op: replace(3, false),
+                    cond: None,
+                },
+            ],
+        ],
+        unroutable: None,
+        shared: [false; IDS],
+        fanout: None,
+    }
+}
+
+/// The first two operations of each router of `conditional`: the two conditional updates of
+/// id 0, the conditional delete of id 1 racing the update that makes it stop matching.
+fn conditional_short() -> Workload {
+    let mut workload = conditional();
+    workload.name = "conditional_short".to_owned();
+    for ops in workload.ops.iter_mut() {
+        ops.truncate(2);
+    }
+    workload
+}
+
+/// Upserts, unconditional and conditional: two upserts of an id no one holds race (one
+/// inserts, the other's insert meets it and its update is tried again); a conditional
+/// upsert of id 0 races an update that makes it stop matching (a duplicate then) and a
+/// delete (an insert over the tombstone then).
+fn upserts() -> Workload {
+    Workload {
+        name: "upserts".to_owned(),
+        initial: [Some(1), None, None],
+        ids: 2,
+        ops: [
+            vec![
+                Call::Op {
+                    id: 1,
+                    op: upsert(10, 5),
+                    cond: None,
+                },
+                when(0, upsert(10, 4), 10),
+            ],
+            vec![
+                Call::Op {
+                    id: 1,
+                    op: upsert(20, 7),
+                    cond: None,
+                },
+                Call::Op {
+                    id: 0,
+                    op: Operation::Update(Add(10)),
+                    cond: None,
+                },
+            ],
+        ],
+        unroutable: None,
+        shared: [false; IDS],
+        fanout: None,
+    }
+}
+
+/// A conditional replace with upsert of an id no one holds, racing its insert and delete by
+/// the other router; a conditional upsert of id 0 racing a delete of it.
+fn conditional_upserts() -> Workload {
+    Workload {
+        name: "conditional_upserts".to_owned(),
+        initial: [Some(1), None, None],
+        ids: 2,
+        ops: [
+            vec![when(1, replace(3, true), 10), when(0, upsert(10, 4), 10)],
+            calls(vec![
+                (1, Operation::Insert(5)),
+                (1, Operation::Delete),
+                (0, Operation::Delete),
+            ]),
+        ],
+        unroutable: None,
+        shared: [false; IDS],
+        fanout: None,
+    }
+}
+
+/// A many-document read of the documents below 10 (both, at the start) racing an update that
+/// makes id 0 stop matching in the target while its source image still matches, a delete of
+/// id 1, and the copier.
+fn queries() -> Workload {
+    Workload {
+        name: "queries".to_owned(),
+        initial: [Some(1), Some(2), None],
+        ids: 2,
+        ops: [
+            calls(vec![
+                (0, Operation::Update(Add(10))),
+                (1, Operation::Delete),
+            ]),
+            vec![Call::Query(Below(10))],
+        ],
+        unroutable: None,
+        shared: [false; IDS],
+        fanout: None,
+    }
 }
 
 /// `workload` with one more id: a document in the source that cannot be routed. No router
@@ -3652,8 +4445,8 @@ fn fanout_inserts() -> Workload {
             initial: [Some(1), None, None],
             ids: 1,
             ops: [
-                vec![(0, Operation::Insert(5)), (0, Operation::Delete)],
-                vec![(0, Operation::Delete), (0, Operation::Insert(7))],
+                calls(vec![(0, Operation::Insert(5)), (0, Operation::Delete)]),
+                calls(vec![(0, Operation::Delete), (0, Operation::Insert(7))]),
             ],
             unroutable: None,
             shared: [false; IDS],
@@ -4456,5 +5249,282 @@ fn a_forget_before_the_lease_ran_out_is_caught() {
             ..Setup::new(updates_and_deletes())
         },
         "allows",
+    );
+}
+
+/// Conditional operations (the application's filter beside the id) racing unconditional
+/// writes, the copier, the cleaner and the revert copier in every phase: a conditional
+/// update, delete or replace applies only while the document matches, a conditional read
+/// returns it only then. The executor's find answers `Unmatched` for a live document the
+/// condition does not match, in one atomic read, and the writes that act on a live document
+/// carry the condition in their filter, so a write that made the document stop matching
+/// between the find and the write wins.
+#[test]
+fn conditional_operations_apply_only_while_the_document_matches() {
+    let report = assert_protocol_holds(Setup::new(conditional()));
+    for event in [
+        Event::Unmatched(Side::Target),
+        Event::Unmatched(Side::Source),
+        Event::ConditionFailedOnAWrite,
+    ] {
+        assert!(report.events.contains(&event), "{:?}", report.events);
+    }
+    assert_protocol_holds(Setup::new(conditional_upserts()));
+    // A router cut off between a conditional write and its mirror, or mid-operation.
+    assert_protocol_holds(Setup {
+        expiries: 1,
+        ..Setup::new(conditional())
+    });
+    if heavy() {
+        assert_protocol_holds(Setup {
+            transients: 1,
+            ..Setup::new(conditional())
+        });
+        assert_protocol_holds(Setup {
+            kills: 1,
+            ..Setup::new(conditional())
+        });
+        assert_protocol_holds(Setup {
+            expiries: 1,
+            ..Setup::new(conditional_upserts())
+        });
+        for id in [0, 1] {
+            assert_protocol_holds(Setup::new(with_shared(conditional(), id)));
+        }
+        assert_protocol_holds(Setup {
+            batches: 2,
+            transients: 1,
+            ..Setup::new(conditional_short())
+        });
+    }
+}
+
+/// Upserts, with and without a condition: the update applies to the live document (copied
+/// on write from the source), and only where no document holds the id is the insert made,
+/// along the insert's path (over a tombstone, a duplicate where a document holds the id);
+/// an insert that meets a document another upsert inserted tries the update once more.
+#[test]
+fn an_upsert_updates_or_inserts_once() {
+    let report = assert_protocol_holds(Setup::new(upserts()));
+    for event in [Event::UpsertRetried, Event::Unmatched(Side::Target)] {
+        assert!(report.events.contains(&event), "{:?}", report.events);
+    }
+    assert_protocol_holds(Setup {
+        expiries: 1,
+        ..Setup::new(upserts())
+    });
+    if heavy() {
+        assert_protocol_holds(Setup {
+            kills: 1,
+            ..Setup::new(upserts())
+        });
+        assert_protocol_holds(Setup {
+            transients: 1,
+            ..Setup::new(upserts())
+        });
+        for id in [0, 1] {
+            assert_protocol_holds(Setup::new(with_shared(upserts(), id)));
+        }
+    }
+}
+
+/// A many-document read (the front's `find` with a filter) reads the phase's plan, each
+/// document atomically, each read whole before the next, among everything else; every id is
+/// answered by `query_answer` and is what a conditional read of the id returns at some instant
+/// of the query: a source image a target document supersedes never appears, matching or
+/// not, and a document copied meanwhile is never dropped.
+///
+/// `query_answer` refuses every read in `reverting` (its `Get` machine asks for the mirror
+/// it sends before reporting there): the front fails them, and the model takes them for reads
+/// that told nothing. Heavy: with the experiment `Setup::unmirrored_query_answers` (those
+/// reads answered by the `Get` machine's outcome without the mirror), which the model finds
+/// harmless.
+#[test]
+fn a_query_answers_each_id_as_a_read_of_it_would() {
+    let report = assert_protocol_holds(Setup::new(queries()));
+    for event in [
+        Event::QueryLeftOutASupersededSourceMatch,
+        Event::QueryFoundATargetDocumentAfterThePresenceCheck,
+    ] {
+        assert!(report.events.contains(&event), "{:?}", report.events);
+    }
+    let refused: Vec<Phase> = report
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::QueryRefused(phase) => Some(*phase),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        refused.iter().all(|&phase| phase == Phase::Reverting),
+        "{refused:?}"
+    );
+    if !refused.is_empty() {
+        report_line(&format!(
+            "protocol model: query_answer refuses the many-document reads of {refused:?} (a \
+             Get there mirrors before it reports): the front fails them"
+        ));
+    }
+    assert_protocol_holds(Setup {
+        expiries: 1,
+        ..Setup::new(queries())
+    });
+    // The copier killed with its copies in flight, taken over, copying again under the query.
+    assert_protocol_holds(Setup {
+        kills: 1,
+        ..Setup::new(queries())
+    });
+    if heavy() {
+        // The copier's batches, one id each, in flight together under the query, one failing.
+        assert_protocol_holds(Setup {
+            batches: 2,
+            transients: 1,
+            ..Setup::new(queries())
+        });
+        for id in [0, 1] {
+            assert_protocol_holds(Setup::new(with_shared(queries(), id)));
+        }
+        let unmirrored = assert_protocol_holds(Setup {
+            expiries: 1,
+            unmirrored_query_answers: true,
+            ..Setup::new(queries())
+        });
+        assert!(!unmirrored
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::QueryRefused(_))));
+    }
+}
+
+/// The executor leaves the condition out of the writes' filter: a conditional update of a
+/// document that no longer matches applies anyway.
+#[test]
+fn a_condition_left_out_of_the_writes_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::ConditionLeftOutOfWrites),
+            ..Setup::new(conditional())
+        },
+        "answered Changed(true), which no linearization of the history allows",
+    );
+}
+
+/// The delete's tombstone sent without the condition: the delete's find sees the target's
+/// copy match, an update makes it stop matching, and the tombstone replaces it anyway.
+#[test]
+fn a_condition_left_out_of_the_tombstone_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::ConditionLeftOutOfTheTombstone),
+            ..Setup::new(conditional())
+        },
+        "allows",
+    );
+}
+
+/// `Unmatched` in the target taken for `Absent`: a conditional read of a document the target
+/// updated past the condition goes on to the source and returns its superseded image.
+#[test]
+fn an_unmatched_target_document_taken_for_absent_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::UnmatchedTargetAsAbsent),
+            ..Setup::new(conditional())
+        },
+        "which no linearization of the history allows",
+    );
+}
+
+/// The find as first designed, the condition checked by a second read: a write that makes
+/// the document match lands between the reads, and the read returns the first read's
+/// document, which does not match (before any migration, in `planned`).
+#[test]
+fn a_find_that_checks_the_condition_in_a_second_read_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::FindInTwoReads),
+            ..Setup::new(conditional())
+        },
+        "answered Read(Some(11)), which no linearization of the history allows",
+    );
+}
+
+/// The same, answering the second read's document: the conditional reads are right, but a
+/// document deleted between the reads is taken for one that does not match, and a
+/// conditional replace with upsert of an id nothing holds reports a duplicate.
+#[test]
+fn a_find_that_takes_a_deletion_between_its_reads_for_a_mismatch_is_caught() {
+    let reads_right = Setup {
+        broken: Some(Broken::FindInTwoReadsAnsweringTheSecond),
+        ..Setup::new(conditional())
+    };
+    let report = explore(&reads_right);
+    report_line(&summary(
+        "FindInTwoReadsAnsweringTheSecond, reads only",
+        &reads_right,
+        &report,
+    ));
+    assert!(report.violation.is_none(), "{:?}", report.violation);
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::FindInTwoReadsAnsweringTheSecond),
+            ..Setup::new(conditional_upserts())
+        },
+        "answered Duplicate, which no linearization of the history allows",
+    );
+}
+
+/// An upsert sent to the target as MongoDB's own: where the source alone holds the id, it
+/// inserts a second document of the id, which supersedes the source's.
+#[test]
+fn an_upsert_without_the_insert_path_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::UpsertNative),
+            ..Setup::new(upserts())
+        },
+        "answered Inserted, which no linearization of the history allows",
+    );
+}
+
+/// An upsert that reports the duplicate without trying its update again: of two upserts of a
+/// new id, the one whose insert meets the other's reports a duplicate.
+#[test]
+fn an_upsert_that_never_tries_again_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::UpsertNeverRetries),
+            ..Setup::new(upserts())
+        },
+        "answered Duplicate, which no linearization of the history allows",
+    );
+}
+
+/// A many-document read that reads the target's matches before the presence check: a
+/// document copied to the target in between (here by an update's copy-on-write, not applied
+/// yet) is in neither answer. The query's `None` for it is allowed only if the update
+/// applied first, which the next read of the id, still the old value, contradicts.
+#[test]
+fn a_query_that_reads_the_target_before_the_presence_check_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::QueryTargetBeforePresence),
+            ..Setup::new(queries())
+        },
+        "allows",
+    );
+}
+
+/// A many-document read without the presence check: the source's image of a document the
+/// target updated past the filter appears.
+#[test]
+fn a_query_without_the_presence_check_is_caught() {
+    assert_caught_with(
+        Setup {
+            broken: Some(Broken::QueryWithoutPresenceCheck),
+            ..Setup::new(queries())
+        },
+        "answered Some(1) for id 0",
     );
 }
