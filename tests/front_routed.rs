@@ -22,6 +22,7 @@ use mongodb::Client;
 use reshard::front::{Engine, EngineConfig, Front, Settings};
 use reshard::phase::Phase;
 use reshard::router::{Router, RouterConfig};
+use reshard::shards::passthrough::Passthrough;
 use reshard::shards::Shards;
 use support::World;
 use tokio::net::TcpListener;
@@ -37,12 +38,19 @@ struct RoutedFront {
 
 impl RoutedFront {
     async fn start(world: &World) -> RoutedFront {
+        Self::start_with(world, None).await
+    }
+
+    /// A front whose routers hold a many-document read in a switch for at most a second, and
+    /// which sends what it does not route to `passthrough`.
+    async fn start_with(world: &World, passthrough: Option<Passthrough>) -> RoutedFront {
         let mut router = RouterConfig::named("front test");
         router.heartbeat_interval = Duration::from_millis(200);
+        router.hold_timeout = Duration::from_secs(1);
         let engine = Engine::start(
             world.store.clone(),
             Shards::new(world.shards.clone()),
-            None,
+            passthrough,
             EngineConfig {
                 database: "shop".into(),
                 router,
@@ -349,5 +357,196 @@ async fn an_application_on_the_official_driver_reads_and_writes_through_every_ph
     let watch = orders.watch().await.unwrap_err();
     assert_eq!(code_of(&watch), 115, "{watch}");
 
+    front.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_front_does_not_route_goes_to_the_passthrough_location() {
+    let world = World::start().await;
+    let passthrough = Passthrough::connect(&world.server.uri()).await.unwrap();
+    let front = RoutedFront::start_with(&world, Some(passthrough)).await;
+    let client = front.client().await;
+    let shop = client.database("shop");
+    let events = shop.collection::<Document>("events");
+
+    // A collection without a routing version, read back over several batches.
+    let docs: Vec<Document> = (0..25)
+        .map(|i| doc! {"_id": i, "kind": if i % 2 == 0 { "a" } else { "b" }})
+        .collect();
+    events.insert_many(docs).await.unwrap();
+    let read = events
+        .find(doc! {})
+        .sort(doc! {"_id": 1})
+        .batch_size(4)
+        .await
+        .unwrap();
+    let read: Vec<Document> = read.try_collect().await.unwrap();
+    assert_eq!(read.len(), 25);
+    assert_eq!(
+        events.count_documents(doc! {"kind": "a"}).await.unwrap(),
+        13
+    );
+    let r = events
+        .update_many(doc! {"kind": "b"}, doc! {"$set": {"seen": true}})
+        .await
+        .unwrap();
+    assert_eq!(r.modified_count, 12);
+    // It is where the passthrough location holds it, not on a shard.
+    let direct = world
+        .server
+        .client()
+        .await
+        .database("shop")
+        .collection::<Document>("events");
+    assert_eq!(
+        direct.count_documents(doc! {"seen": true}).await.unwrap(),
+        12
+    );
+    // Another database, and a command the front has no handler for.
+    let other = client.database("analytics").collection::<Document>("hits");
+    other.insert_one(doc! {"_id": 1}).await.unwrap();
+    assert_eq!(other.count_documents(doc! {}).await.unwrap(), 1);
+    let stats = shop.run_command(doc! {"dbStats": 1}).await.unwrap();
+    assert!(stats.get("ok").is_some(), "{stats}");
+
+    // The listings show the routed collection beside the passthrough's.
+    let names = shop.list_collection_names().await.unwrap();
+    assert!(
+        names.contains(&"events".to_owned()) && names.contains(&"orders".to_owned()),
+        "{names:?}"
+    );
+    let databases = client.list_database_names().await.unwrap();
+    assert!(databases.contains(&"shop".to_owned()), "{databases:?}");
+
+    // The routed collection still goes through its router, and what could reach its
+    // documents past the router is refused.
+    let orders = shop.collection::<Document>("orders");
+    orders
+        .insert_one(order(1, "cust-a", 10, "ready"))
+        .await
+        .unwrap();
+    let direct_orders = world
+        .server
+        .client()
+        .await
+        .database("shop")
+        .collection::<Document>("orders");
+    assert_eq!(direct_orders.count_documents(doc! {}).await.unwrap(), 0);
+    let drop = orders.drop().await.unwrap_err();
+    assert_eq!(code_of(&drop), 115, "{drop}");
+    let coll_mod = shop
+        .run_command(doc! {"collMod": "orders"})
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&coll_mod), 115, "{coll_mod}");
+    let drop_db = shop.drop().await.unwrap_err();
+    assert_eq!(code_of(&drop_db), 115, "{drop_db}");
+    front.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_back_reads_and_writes_go_on_and_a_cursor_the_switch_outdates_is_killed() {
+    let world = World::start().await;
+    let front = RoutedFront::start(&world).await;
+    let client = front.client().await;
+    let orders = client.database("shop").collection::<Document>("orders");
+    let docs: Vec<Document> = (1..=6)
+        .map(|i| order(i, "cust-hot", i as i32, "ready"))
+        .collect();
+    orders.insert_many(docs).await.unwrap();
+    advance(
+        &world,
+        &front,
+        &[
+            Phase::DualRead,
+            Phase::WriteSwitch,
+            Phase::NewWrites,
+            Phase::Backfill,
+        ],
+    )
+    .await;
+    orders
+        .update_one(
+            doc! {"customerId": "cust-hot", "_id": 2_i64},
+            doc! {"$set": {"total": 20}},
+        )
+        .await
+        .unwrap();
+
+    // Rolling back: writes go to the target and are mirrored; reads merge as before.
+    let routers = front.routers().await;
+    let refs: Vec<&Router> = routers.iter().collect();
+    let t = world
+        .store
+        .transition(
+            world.migration,
+            &reshard::phase::Action::Advance(Phase::Reverting),
+            "test",
+            None,
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(t.migration.phase(), Phase::Reverting);
+    for r in &refs {
+        assert!(
+            r.wait_for_epoch(t.migration.epoch, Duration::from_secs(10))
+                .await
+        );
+    }
+    orders
+        .update_one(
+            doc! {"customerId": "cust-hot", "_id": 3_i64},
+            doc! {"$set": {"total": 30}},
+        )
+        .await
+        .unwrap();
+    let totals: Vec<Document> = orders
+        .find(doc! {"customerId": "cust-hot", "total": {"$gte": 5}})
+        .sort(doc! {"_id": 1})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let ids: Vec<i64> = totals.iter().map(|d| d.get_i64("_id").unwrap()).collect();
+    assert_eq!(ids, vec![2, 3, 5, 6]);
+
+    // A cursor opened while reverting, and the switch of reads back to the source: its next
+    // batch is refused (QueryPlanKilled), and a new read waits out the switch and fails by
+    // the hold timeout as a retryable time limit.
+    let mut open = orders
+        .find(doc! {"customerId": "cust-hot"})
+        .sort(doc! {"_id": 1})
+        .batch_size(2)
+        .await
+        .unwrap();
+    assert!(open.advance().await.unwrap());
+    world.force_phase(&refs, Phase::RevertSwitch).await;
+    let mut failure = None;
+    for _ in 0..3 {
+        match open.advance().await {
+            Ok(true) => continue,
+            Ok(false) => break,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let failure = failure.expect("the outdated cursor fails");
+    assert_eq!(code_of(&failure), 175, "{failure}");
+    let held = orders
+        .find(doc! {"customerId": "cust-hot"})
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&held), 262, "{held}");
+    // A read of one document by its id goes on in the switch (the router mirrors, then reads).
+    let one = orders
+        .find_one(doc! {"customerId": "cust-hot", "_id": 3_i64})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(one.get_i32("total").unwrap(), 30);
     front.stop().await;
 }
