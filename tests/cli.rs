@@ -6,6 +6,7 @@ mod support;
 use std::path::PathBuf;
 use std::process::Output;
 
+use mongodb::bson::doc;
 use serde_json::Value;
 use support::{MongoServer, PgDb};
 
@@ -376,7 +377,7 @@ async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier(
     assert_eq!(json(&db, &["migration", "show", &id])["phase"], "dual_read");
     // Once it acknowledges the current epoch the gate opens; a write switch it does not
     // acknowledge in time goes back to dual_read and says so.
-    sqlx::query("UPDATE routers SET migration_id = $1, acked_epoch = 2")
+    sqlx::query("UPDATE routers SET migration_id = $1, acked_epoch = 2, heartbeat_at = now()")
         .bind(m["id"].as_i64().unwrap())
         .execute(&db.pool().await)
         .await
@@ -456,6 +457,130 @@ async fn the_barrier_stops_waiting_for_a_router_once_its_lease_has_expired() {
     let routers = json(&db, &["routers", "list", "--collection", "orders"]);
     assert_eq!(routers[0]["name"], "crashed-api");
     assert_eq!(routers[0]["live"], false);
+}
+
+/// Regression (issue 29, item 2): a router that died after acknowledging `dual_read` made the
+/// next write switch hold every live router's writes for the whole switch timeout; then the
+/// switch went back and the command failed. The dead router could never acknowledge it. Now
+/// the driver waits it out before the switch, while writes flow, and the switch then passes
+/// at once. Before the fix: exit 1, "went back to dual_read", a write held meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_died_before_the_write_switch_is_waited_out_before_writes_are_held() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let mid = m["id"].as_i64().unwrap();
+    let id = mid.to_string();
+    let mut config = reshard::router::RouterConfig::named("live-api");
+    config.heartbeat_interval = std::time::Duration::from_millis(200);
+    config.hold_timeout = std::time::Duration::from_secs(1);
+    let router = reshard::router::Router::connect(&db.url(), "orders", config)
+        .await
+        .unwrap();
+    let out = reshard(&db, &["migration", "advance", &id, "--to", "dual_read"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // A router that acknowledged dual_read and died 10 s ago; its lease has 4 s to run.
+    let pool = db.pool().await;
+    let dead_lease = |secs: f64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO routers (id, collection, name, host, pid, heartbeat_at,
+                                      lease_expires_at, migration_id, acked_epoch)
+                 VALUES (gen_random_uuid(), 'orders', 'dead-api', 'web-9', 4343,
+                         now() - interval '10 s', now() + make_interval(secs => $1), $2, 2)",
+            )
+            .bind(secs)
+            .bind(mid)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    dead_lease(5.0).await;
+    let started = std::time::Instant::now();
+    // With a timeout shorter than its lease, the switch does not start: nothing is held, the
+    // phase stays, and the message says when the router is counted out.
+    let out = reshard(
+        &db,
+        &[
+            "migration",
+            "advance",
+            &id,
+            "--to",
+            "write_switch",
+            "--timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("did not start")
+            && stderr(&out).contains("Writes were not held")
+            && stderr(&out).contains("counted out at"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(json(&db, &["migration", "show", &id])["phase"], "dual_read");
+    let url = db.url();
+    let id2 = id.clone();
+    let switch = tokio::task::spawn_blocking(move || {
+        assert_cmd::Command::cargo_bin("reshard")
+            .unwrap()
+            .env("RESHARD_DATABASE_URL", url)
+            .args([
+                "migration",
+                "advance",
+                &id2,
+                "--to",
+                "write_switch",
+                "--switch-timeout",
+                "1s",
+            ])
+            .output()
+            .unwrap()
+    });
+    // While the driver waits for the dead router, the live one writes as usual.
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    let written = tokio::time::timeout(
+        std::time::Duration::from_secs(3),
+        router.insert(doc! {"_id": "o-live", "customerId": "cust-1", "total": 1}),
+    )
+    .await;
+    assert!(
+        matches!(written, Ok(Ok(()))),
+        "a write while the driver waits is not held: {written:?}"
+    );
+    let out = switch.await.unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(5),
+        "waited until the dead router was counted out: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        stderr(&out).contains("stopped heartbeating")
+            && stderr(&out).contains("dead-api (web-9, pid 4343, library)"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        json(&db, &["migration", "show", &id])["phase"],
+        "new_writes"
+    );
+    let history = json(&db, &["migration", "history", &id]);
+    let kinds: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert!(!kinds.contains(&"barrier_timed_out"), "{kinds:?}");
+
+    router.shutdown().await;
 }
 
 #[tokio::test]

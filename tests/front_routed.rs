@@ -131,6 +131,13 @@ async fn an_application_on_the_official_driver_reads_and_writes_through_every_ph
     let front = RoutedFront::start(&world).await;
     let client = front.client().await;
     let orders = client.database("shop").collection::<Document>("orders");
+    // The front registered a router for the routed collection, as a front.
+    let registered = world.store.routers(Some("orders")).await.unwrap();
+    assert_eq!(
+        registered.iter().map(|r| r.kind).collect::<Vec<_>>(),
+        [reshard::store::RouterKind::Front],
+        "{registered:?}"
+    );
 
     // Inserts, ordered: stops at the duplicate; unordered: reports it and goes on.
     let batch: Vec<Document> = (1..=4)

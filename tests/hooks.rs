@@ -612,7 +612,7 @@ async fn failure_hooks_hear_timed_out_barriers_and_failed_soaks() {
     assert!(details["back_to"].is_null());
 
     // It acknowledges dual_read, not the write switch: the switch goes back.
-    sqlx::query("UPDATE routers SET acked_epoch = 2")
+    sqlx::query("UPDATE routers SET acked_epoch = 2, heartbeat_at = now()")
         .execute(&db.pool().await)
         .await
         .unwrap();

@@ -634,6 +634,8 @@ async fn a_silent_router_holds_phase_changes_until_its_deadline_and_is_forgotten
             pid: 4242,
             ttl: lease,
             fence_margin: margin,
+            kind: reshard::store::RouterKind::Library,
+            heartbeat_interval: Duration::from_secs(2),
         })
         .await
         .unwrap();

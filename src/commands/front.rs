@@ -86,6 +86,7 @@ pub async fn run(
                 database,
                 args.passthrough_uri.as_deref(),
                 args.name.clone(),
+                args.lease_ttl,
                 listening,
             )
             .await?,
@@ -142,11 +143,15 @@ async fn start_engine(
     database: &str,
     passthrough: Option<&str>,
     name: Option<String>,
+    lease_ttl: Option<std::time::Duration>,
     listening: std::net::SocketAddr,
 ) -> Result<Arc<crate::front::Engine>> {
     let store = crate::store::Store::connect_lazy(url)?;
-    let router =
+    let mut router =
         crate::router::RouterConfig::named(name.unwrap_or_else(|| format!("front {listening}")));
+    if let Some(ttl) = lease_ttl {
+        router.lease_ttl = ttl;
+    }
     let deadline = router
         .connect_deadline
         .unwrap_or(std::time::Duration::from_secs(120));

@@ -308,6 +308,22 @@ impl Progress for Screen {
         ));
     }
 
+    fn silent(&self, to: crate::phase::Phase, routers: &[crate::store::routers::SilentRouter]) {
+        if routers.is_empty() {
+            self.line(&format!(
+                "      no silent router is counted any more: the {to} begins"
+            ));
+            return;
+        }
+        let names: Vec<String> = routers.iter().map(|r| r.label()).collect();
+        self.line(&format!(
+            "      before the {to}: waiting for {} router(s) that stopped heartbeating to be \
+             counted out (writes flow meanwhile): {}",
+            routers.len(),
+            names.join("; ")
+        ));
+    }
+
     fn counted_out(&self, r: &crate::store::routers::Unacknowledged) {
         self.line(&format!(
             "      router {} counted out: its lease ran out at {}",

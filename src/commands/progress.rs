@@ -64,6 +64,24 @@ impl Progress for Stderr {
         );
     }
 
+    fn silent(&self, to: crate::phase::Phase, routers: &[crate::store::routers::SilentRouter]) {
+        if routers.is_empty() {
+            eprintln!("no silent router is counted any more: the {to} begins");
+            return;
+        }
+        let names = routers
+            .iter()
+            .map(|r| r.label())
+            .collect::<Vec<_>>()
+            .join("; ");
+        eprintln!(
+            "before the {to}: waiting for {} router(s) that stopped heartbeating to be counted \
+             out (writes flow meanwhile; a switch now would hold them until it timed out): \
+             {names}",
+            routers.len()
+        );
+    }
+
     fn counted_out(&self, r: &Unacknowledged) {
         eprintln!(
             "router {} counted out: its lease ran out at {} and a fence margin has passed, so \

@@ -373,6 +373,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
 fn router_json(r: &RouterRow, epoch: i64) -> serde_json::Value {
     json!({
         "name": r.name,
+        "kind": r.kind,
         "host": r.host,
         "pid": r.pid,
         "live": r.live,

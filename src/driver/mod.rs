@@ -43,6 +43,9 @@ pub trait Progress: Send + Sync {
     fn moved(&self, _transition: &Transition, _dry_run: bool) {}
     /// The barrier is still waiting for these routers (reported every few seconds).
     fn waiting(&self, _migration: &Migration, _routers: &[Unacknowledged]) {}
+    /// Before a switch: these routers stopped heartbeating and are not counted out yet; the
+    /// switch waits for them, writes flowing (reported every few seconds).
+    fn silent(&self, _to: Phase, _routers: &[crate::store::routers::SilentRouter]) {}
     /// A router the barrier waited for was counted out (its lease ran out, plus the margin).
     fn counted_out(&self, _router: &Unacknowledged) {}
     /// The barrier passed after waiting `waited`, `counted_out` routers counted out.
@@ -198,6 +201,14 @@ impl Driver {
                 .contains(&Gate::RoutersAcknowledged)
         {
             self.barrier(&current, options.timeout).await?;
+        }
+        // A write switch holds every router's writes until all of them acknowledged it: a
+        // router that stopped heartbeating (crashed, cut off) cannot, and would hold them for
+        // the whole switch timeout before the switch went back. Such a router is waited out
+        // first, while writes flow: it is counted out when its lease and fence margin end.
+        if matches!(to, Phase::WriteSwitch | Phase::RevertSwitch) && !options.dry_run {
+            self.await_silent_routers(&current, to, options.timeout)
+                .await?;
         }
         if current.phase() == Phase::Planned && to == Phase::DualRead {
             self.prepare(&current, options.dry_run).await?;
@@ -515,6 +526,67 @@ impl Driver {
                 last_report = Some(Instant::now());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits, up to `timeout`, until no router of the migration's collection is silent and
+    /// still counted ([`Store::silent_routers`]), before a move to `to` (a switch) holds
+    /// writes. Nothing is held meanwhile: the routers serve in the current phase. A router
+    /// that heartbeats again stops being waited for; one that is counted out was never going
+    /// to acknowledge the switch. Past the timeout the move is not made, and the error says
+    /// when each router is counted out.
+    async fn await_silent_routers(
+        &self,
+        migration: &Migration,
+        to: Phase,
+        timeout: Duration,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let mut last_report: Option<Instant> = None;
+        let mut waited_for = std::collections::BTreeSet::new();
+        loop {
+            let silent = self.store.silent_routers(&migration.collection).await?;
+            if silent.is_empty() {
+                if !waited_for.is_empty() {
+                    let waited = started.elapsed();
+                    self.progress.silent(to, &[]);
+                    self.record(
+                        migration.id,
+                        EventKind::BarrierWaited,
+                        None,
+                        serde_json::json!({
+                            "epoch": migration.epoch,
+                            "phase": migration.phase().as_str(),
+                            "before": to.as_str(),
+                            "waited_ms": waited.as_millis() as u64,
+                            "silent": waited_for,
+                        }),
+                    )
+                    .await;
+                }
+                return Ok(());
+            }
+            waited_for.extend(silent.iter().map(|r| r.name.clone()));
+            let names = silent
+                .iter()
+                .map(|r| r.label())
+                .collect::<Vec<_>>()
+                .join("; ");
+            if started.elapsed() >= timeout {
+                return Err(Error::failed(format!(
+                    "the {to} of migration {} did not start: {} router(s) stopped heartbeating \
+                     and cannot acknowledge it before they are counted out: {names}. Writes \
+                     were not held; move again once they are counted out (or once they \
+                     heartbeat again), or give a longer --timeout",
+                    migration.id,
+                    silent.len(),
+                )));
+            }
+            if last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+                self.progress.silent(to, &silent);
+                last_report = Some(Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 

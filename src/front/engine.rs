@@ -64,8 +64,10 @@ impl Engine {
         store: Store,
         shards: Shards,
         passthrough: Option<Passthrough>,
-        config: EngineConfig,
+        mut config: EngineConfig,
     ) -> Result<Arc<Engine>, RouterError> {
+        // Its routers register as a front's (`reshard routers list`, `status`).
+        config.router.kind = crate::store::RouterKind::Front;
         let engine = Arc::new(Engine {
             store,
             config,

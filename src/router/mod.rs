@@ -135,6 +135,9 @@ pub struct RouterConfig {
     /// loaded the migration's phase, and it never guesses one. A URL that is not a PostgreSQL
     /// URL, a store without reshard's schema, or a shard without a connection fail at once.
     pub connect_deadline: Option<Duration>,
+    /// What registers: the library in an application, or a `reshard front` (shown by
+    /// `reshard routers list`).
+    pub kind: crate::store::RouterKind,
 }
 
 /// See [`RouterConfig::step_hook`].
@@ -170,6 +173,7 @@ impl RouterConfig {
             step_hook: None,
             shadow_reads_in_flight: 8,
             connect_deadline: Some(Duration::from_secs(120)),
+            kind: crate::store::RouterKind::Library,
         }
     }
 
@@ -423,6 +427,8 @@ impl Router {
                 pid: std::process::id() as i32,
                 ttl: config.lease_ttl,
                 fence_margin: config.fence_margin(),
+                kind: config.kind,
+                heartbeat_interval: config.heartbeat_interval,
             })
             .await?;
         let snapshot = match Snapshot::load(&store, collection).await {
@@ -946,6 +952,8 @@ impl Inner {
                     pid: std::process::id() as i32,
                     ttl: self.config.lease_ttl,
                     fence_margin: self.config.fence_margin(),
+                    kind: self.config.kind,
+                    heartbeat_interval: self.config.heartbeat_interval,
                 }),
             )
             .await

@@ -13,6 +13,7 @@ pub mod partitions;
 pub mod playbooks;
 pub mod reconcile;
 pub mod routers;
+pub use routers::RouterKind;
 pub mod shadow;
 pub mod shards;
 pub mod versions;

@@ -110,6 +110,34 @@ pub async fn last_lapse(
     .await?)
 }
 
+/// A router that stopped heartbeating and is not counted out yet ([`Store::silent_routers`]).
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct SilentRouter {
+    pub name: String,
+    pub kind: RouterKind,
+    pub host: String,
+    pub pid: i32,
+    /// Seconds since its last heartbeat.
+    pub silent_secs: f64,
+    /// When it is counted out: its lease plus its fence margin.
+    pub counted_out_at: DateTime<Utc>,
+}
+
+impl SilentRouter {
+    /// `name (host, pid N), silent for 12s, counted out at 2026-12-04 17:40:00 UTC`.
+    pub fn label(&self) -> String {
+        format!(
+            "{} ({}, pid {}, {}), silent for {:.0}s, counted out at {}",
+            self.name,
+            self.host,
+            self.pid,
+            self.kind.as_str(),
+            self.silent_secs,
+            self.counted_out_at.format("%Y-%m-%d %H:%M:%S UTC")
+        )
+    }
+}
+
 /// What a renewal found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
@@ -128,6 +156,7 @@ pub struct RouterRow {
     pub id: uuid::Uuid,
     pub collection: String,
     pub name: String,
+    pub kind: RouterKind,
     pub host: String,
     pub pid: i32,
     pub migration_id: Option<i64>,
@@ -143,6 +172,26 @@ pub struct RouterRow {
     pub stats: serde_json::Value,
 }
 
+/// What registered a router row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum RouterKind {
+    /// The router library, embedded in an application.
+    Library,
+    /// A `reshard front`, a MongoDB server to the applications.
+    Front,
+}
+
+impl RouterKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouterKind::Library => "library",
+            RouterKind::Front => "front",
+        }
+    }
+}
+
 /// Who a router is: what `register_router` records.
 #[derive(Clone, Debug)]
 pub struct Registration<'a> {
@@ -155,6 +204,10 @@ pub struct Registration<'a> {
     pub ttl: std::time::Duration,
     /// How long after its lease the router may still have a command in transit.
     pub fence_margin: std::time::Duration,
+    pub kind: RouterKind,
+    /// How often it heartbeats: three intervals without one and it is silent (see
+    /// [`Store::silent_routers`]).
+    pub heartbeat_interval: std::time::Duration,
 }
 
 /// What a router's heartbeat reports.
@@ -170,12 +223,14 @@ impl Store {
     /// fence margin. A registration acknowledges nothing yet.
     pub async fn register_router(&self, r: &Registration<'_>) -> StoreResult<()> {
         sqlx::query(
-            "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at, fence_margin)
+            "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at, fence_margin,
+                                  kind, heartbeat_interval)
              VALUES ($1, $2, $3, $4, $5, clock_timestamp() + make_interval(secs => $6),
-                     make_interval(secs => $7))
+                     make_interval(secs => $7), $8, make_interval(secs => $9))
              ON CONFLICT (id) DO UPDATE
              SET heartbeat_at = now(), lease_expires_at = EXCLUDED.lease_expires_at,
-                 fence_margin = EXCLUDED.fence_margin",
+                 fence_margin = EXCLUDED.fence_margin, kind = EXCLUDED.kind,
+                 heartbeat_interval = EXCLUDED.heartbeat_interval",
         )
         .bind(r.id)
         .bind(r.collection)
@@ -184,6 +239,8 @@ impl Store {
         .bind(r.pid)
         .bind(r.ttl.as_secs_f64())
         .bind(r.fence_margin.as_secs_f64())
+        .bind(r.kind)
+        .bind(r.heartbeat_interval.as_secs_f64())
         .execute(self.pool())
         .await?;
         Ok(())
@@ -258,7 +315,7 @@ impl Store {
     pub async fn forget_router(&self, id: uuid::Uuid) -> StoreResult<RouterRow> {
         let mut tx = self.pool().begin().await?;
         let row: Option<RouterRow> = sqlx::query_as(
-            "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
+            "SELECT id, collection, name, kind, host, pid, migration_id, acked_epoch, heartbeat_at,
                     lease_expires_at, lease_expires_at > now() AS live,
                     extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs,
                     extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_secs, stats
@@ -336,6 +393,29 @@ impl Store {
         Ok(rows)
     }
 
+    /// The routers of `collection` that are silent but not yet counted out: their last
+    /// heartbeat is three of their intervals old (at least a second; two seconds for a row that
+    /// recorded none), by `clock_timestamp()`, while their lease plus its fence margin has not
+    /// run out. Such a router (crashed, or cut off from the state store) cannot acknowledge a
+    /// new epoch before it is counted out, so a write switch entered now would hold every
+    /// other router's writes for nothing (see `Driver::advance`).
+    pub async fn silent_routers(&self, collection: &str) -> StoreResult<Vec<SilentRouter>> {
+        Ok(sqlx::query_as(
+            "SELECT name, kind, host, pid,
+                    extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 AS silent_secs,
+                    lease_expires_at + fence_margin AS counted_out_at
+             FROM routers
+             WHERE collection = $1
+               AND lease_expires_at + fence_margin > clock_timestamp()
+               AND heartbeat_at + greatest(3 * coalesce(heartbeat_interval, interval '2 s'),
+                                           interval '1 s') < clock_timestamp()
+             ORDER BY name, host, pid",
+        )
+        .bind(collection)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
     /// What the collection's live routers reported with their last heartbeat, one report
     /// each (the throttle's view of the application).
     pub async fn app_reports(&self, collection: &str) -> StoreResult<Vec<RouterReport>> {
@@ -345,7 +425,7 @@ impl Store {
 
     pub async fn routers(&self, collection: Option<&str>) -> StoreResult<Vec<RouterRow>> {
         Ok(sqlx::query_as(
-            "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
+            "SELECT id, collection, name, kind, host, pid, migration_id, acked_epoch, heartbeat_at,
                     lease_expires_at, lease_expires_at > now() AS live,
                     extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs,
                     extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_secs, stats
@@ -364,7 +444,7 @@ pub(super) async fn live_routers_in(
     collection: &str,
 ) -> StoreResult<Vec<RouterRow>> {
     Ok(sqlx::query_as(
-        "SELECT id, collection, name, host, pid, migration_id, acked_epoch, heartbeat_at,
+        "SELECT id, collection, name, kind, host, pid, migration_id, acked_epoch, heartbeat_at,
                 lease_expires_at, lease_expires_at > now() AS live,
                 extract(epoch FROM now() - heartbeat_at)::float8 AS lease_age_secs,
                     extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_secs, stats
