@@ -107,9 +107,10 @@ pub enum Command {
     /// a stop, a crash or an approval: it continues where it stopped.
     Run(RunArgs),
     /// Serve the MongoDB wire protocol: applications connect with their own MongoDB driver
-    /// (`mongodb://HOST:PORT/`), as to a `mongos`. So far it answers the handshake and the
-    /// diagnostic commands drivers and shells send; the routed commands come later. Runs until
-    /// SIGINT/SIGTERM, then finishes the requests in flight and prints what it served. With
+    /// (`mongodb://HOST:PORT/`), as to a `mongos`. The collections of --database with a routing
+    /// version go through the router's engine in the migration's phase (the front registers
+    /// as a router); everything else goes to --passthrough-uri. Runs until SIGINT/SIGTERM,
+    /// then finishes the requests in flight, deregisters and prints what it served. With
     /// --users-file clients authenticate (SCRAM-SHA-256); with --tls-cert-file and
     /// --tls-key-file they connect over TLS (`tls=true`).
     Front(FrontArgs),
