@@ -548,8 +548,12 @@ fn span_filter(lower: Lower<'_>, upper: Option<&Bson>) -> Document {
     }
 }
 
-/// `a` and `b` together: merged when their keys differ, else both under `$and`.
+/// `a` and `b` together: merged when their keys differ, else both under `$and`. A condition of
+/// `b` that `a` holds already, the same key with the same value (a filter's `_id`), is left
+/// out: a condition and itself is the condition, and a filter kept flat stays on the `_id`
+/// index for every planner.
 pub fn and(mut a: Document, b: Document) -> Document {
+    let b: Document = b.into_iter().filter(|(k, v)| a.get(k) != Some(v)).collect();
     if b.keys().any(|k| a.contains_key(k)) {
         return doc! { "$and": [a, b] };
     }
@@ -561,6 +565,22 @@ pub fn and(mut a: Document, b: Document) -> Document {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_conjunction_stays_flat_unless_two_conditions_on_one_key_differ() {
+        assert_eq!(
+            and(doc! {"_id": 1, "m": {"$exists": false}}, doc! {"_id": 1, "c": "t"}),
+            doc! {"_id": 1, "m": {"$exists": false}, "c": "t"}
+        );
+        assert_eq!(
+            and(doc! {"_id": 1}, doc! {"_id": 2}),
+            doc! {"$and": [{"_id": 1}, {"_id": 2}]}
+        );
+        assert_eq!(
+            and(doc! {"_id": 1}, doc! {"_id": 1.0}),
+            doc! {"$and": [{"_id": 1}, {"_id": 1.0}]}
+        );
+    }
 
     #[test]
     fn brackets_follow_mongodbs_sort_order() {

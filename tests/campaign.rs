@@ -9,7 +9,8 @@
 //! again at once), a shard server SIGSTOPped for a few seconds, `failCommand` overload (489,
 //! `SystemOverloadedError` + `RetryableError`) on inserts and deletes, dropped connections
 //! (`closeConnection`), the state store (a `PrivatePg`) SIGKILLed and restarted, and an
-//! application instance (a router) SIGKILLed without deregistering, and a new one started.
+//! application instance (a router) SIGKILLed without deregistering, and a new one started;
+//! every run also kills one in `dual_read`, just before the write switch, which waits it out.
 //!
 //! Schedules are decided by the seed and by milestones (a phase, and the share of the phase's
 //! task partitions done), not wall time. `RESHARD_CAMPAIGN_SEED=N` makes run 0 use seed N (run
@@ -210,6 +211,18 @@ fn plan(seed: u64) -> Plan {
             secs,
         });
     }
+    // A router SIGKILLed just before the write switch, in every run (issue 29, item 2): the
+    // playbook soaks in dual_read, so the kill lands before the switch, which must wait the
+    // dead router out (its lease) with writes flowing rather than hold them and go back.
+    faults.push(Fault {
+        kind: Kind::RouterKill,
+        at: Milestone {
+            phase: "dual_read",
+            share: 0.0,
+        },
+        target: 0,
+        secs: 0.0,
+    });
     faults.sort_by(|a, b| {
         (rank(a.at.phase), a.at.share)
             .partial_cmp(&(rank(b.at.phase), b.at.share))
@@ -224,7 +237,9 @@ fn plan(seed: u64) -> Plan {
 
 fn steps(rollback_from: Option<&str>) -> String {
     let mut s = String::from(
-        "  - advance: dual_read\n  - advance: {to: write_switch, switch_timeout: 10s}\n",
+        "  - advance: dual_read\n  \
+         - soak: {duration: 3s, max_router_errors: 1000000, overload_for: 1h}\n  \
+         - advance: {to: write_switch, switch_timeout: 10s}\n",
     );
     let reached = |p: &str| rollback_from.is_none_or(|from| rank(p) <= rank(from));
     if reached("backfill") {

@@ -1,14 +1,58 @@
 //! What the front reads from a query filter before any I/O: the values a filter pins a field
 //! to ([`pinned`]), so that a read or a write goes only to the locations that can hold them.
 //!
-//! Matching is the servers': this module never decides whether a document matches. It finds
-//! the equality conditions on one field that every matching document must meet, and is
-//! conservative everywhere else (no pin is always a correct answer).
+//! Matching is the servers': this module never decides that a document does not match. It
+//! finds the equality conditions on one field that every matching document must meet, and is
+//! conservative everywhere else (no pin is always a correct answer). One shortcut
+//! ([`surely_matches`]) says a document certainly matches a filter of plain equalities, which
+//! spares the router the server's judgement in the common case; "not surely" is left to it.
 
 use bson::{Bson, Document};
 
 use super::order;
 use super::MqlError;
+
+/// Whether `doc` certainly matches `filter`, judged on the document alone: `true` only when
+/// every condition of the filter is a top-level field equal to a plain value (not a document,
+/// an array, a regular expression, null or undefined, and no operator or dotted path) and the
+/// document's field is bytewise that value by MongoDB's equality, or an array holding it.
+/// Such a match holds under any collation (a collation only makes more strings equal).
+/// `false` means "ask the server": the filter has another form, a collation could make it
+/// match, or it does not.
+pub fn surely_matches(doc: &Document, filter: &Document) -> bool {
+    filter.iter().all(|(key, wanted)| {
+        if key.starts_with('$') || key.contains('.') {
+            return false;
+        }
+        if matches!(
+            wanted,
+            Bson::Document(_)
+                | Bson::Array(_)
+                | Bson::RegularExpression(_)
+                | Bson::Null
+                | Bson::Undefined
+                | Bson::JavaScriptCode(_)
+                | Bson::JavaScriptCodeWithScope(_)
+        ) {
+            return false;
+        }
+        let same = |v: &Bson| same_value(v, wanted);
+        match doc.get(key) {
+            Some(Bson::Array(items)) => items.iter().any(same),
+            Some(value) => same(value),
+            None => false,
+        }
+    })
+}
+
+/// MongoDB's equality, with strings compared bytewise (what every collation agrees is equal).
+fn same_value(value: &Bson, wanted: &Bson) -> bool {
+    match (value, wanted) {
+        (Bson::String(a), Bson::String(b)) => a == b,
+        (Bson::String(_), _) | (_, Bson::String(_)) => false,
+        (a, b) => order::equal(a, b),
+    }
+}
 
 /// The values of `field` a filter pins it to: `{f: v}`, `{f: {$eq: v}}`, `{f: {$in: [...]}}`,
 /// also inside a top-level `$and` (the intersection when several conditions pin it), and an
@@ -145,6 +189,30 @@ fn intersect(a: Option<Vec<Bson>>, b: Option<Vec<Bson>>) -> Option<Vec<Bson>> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_filter_of_plain_equalities_surely_matches_a_document_that_holds_them() {
+        let d = doc! {"_id": 7, "customerId": "c-1", "n": 2.0, "tags": ["a", "b"]};
+        assert!(surely_matches(&d, &doc! {}));
+        assert!(surely_matches(&d, &doc! {"customerId": "c-1", "_id": 7}));
+        // Numbers by value, arrays by what they hold.
+        assert!(surely_matches(&d, &doc! {"_id": 7.0, "n": 2_i64}));
+        assert!(surely_matches(&d, &doc! {"tags": "b"}));
+        // Not equal, or another form: the server judges.
+        assert!(!surely_matches(&d, &doc! {"customerId": "c-2"}));
+        assert!(
+            !surely_matches(&d, &doc! {"customerId": "C-1"}),
+            "a collation may say yes"
+        );
+        assert!(!surely_matches(&d, &doc! {"n": "2"}));
+        assert!(!surely_matches(&d, &doc! {"missing": 1}));
+        assert!(!surely_matches(&d, &doc! {"n": {"$gt": 1}}));
+        assert!(!surely_matches(&d, &doc! {"$or": [{"n": 2}]}));
+        assert!(!surely_matches(&d, &doc! {"tags.0": "a"}));
+        assert!(!surely_matches(&d, &doc! {"tags": ["a", "b"]}));
+        assert!(!surely_matches(&d, &doc! {"missing": null}));
+    }
+
     use super::*;
     use bson::{doc, Regex};
 

@@ -374,7 +374,25 @@ async fn probe(
             .await
             .map(|found| found.map(|d| (d, true))),
         Some(c) => {
-            command::find_one_matching(&db, &location.collection, by_id.clone(), c, deadline).await
+            // A condition of plain equalities the document surely meets (the tenant and `_id`
+            // a driver names a document by, say) is judged on the one document a find read,
+            // as atomic as the server's judgement and much cheaper than an aggregation; any
+            // other verdict is the server's.
+            match command::find_one(&db, &location.collection, by_id.clone(), deadline).await {
+                Ok(Some(d)) if crate::mql::filter::surely_matches(&d, c) => Ok(Some((d, true))),
+                Ok(None) => Ok(None),
+                Ok(Some(_)) => {
+                    command::find_one_matching(
+                        &db,
+                        &location.collection,
+                        by_id.clone(),
+                        c,
+                        deadline,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            }
         }
     }
     .map_err(command_error)
