@@ -569,7 +569,10 @@ mod tests {
     #[test]
     fn a_conjunction_stays_flat_unless_two_conditions_on_one_key_differ() {
         assert_eq!(
-            and(doc! {"_id": 1, "m": {"$exists": false}}, doc! {"_id": 1, "c": "t"}),
+            and(
+                doc! {"_id": 1, "m": {"$exists": false}},
+                doc! {"_id": 1, "c": "t"}
+            ),
             doc! {"_id": 1, "m": {"$exists": false}, "c": "t"}
         );
         assert_eq!(
