@@ -10,7 +10,11 @@
 //! `SystemOverloadedError` + `RetryableError`) on inserts and deletes, dropped connections
 //! (`closeConnection`), the state store (a `PrivatePg`) SIGKILLed and restarted, and an
 //! application instance (a router) SIGKILLed without deregistering, and a new one started;
-//! every run also kills one in `dual_read`, just before the write switch, which waits it out.
+//! every run also kills one in `dual_read`, just before the write switch, which waits it out;
+//! and the `reshard front` SIGKILLed and started again on its port. Beside the embedded-router
+//! applications, an order service that knows only its connection string
+//! (`examples/orders_front.rs`) writes and reads through that front the whole run: forward or
+//! rolled back, its reads must never be stale and its ledger must check like theirs.
 //!
 //! Schedules are decided by the seed and by milestones (a phase, and the share of the phase's
 //! task partitions done), not wall time. `RESHARD_CAMPAIGN_SEED=N` makes run 0 use seed N (run
@@ -52,9 +56,10 @@ enum Kind {
     DropConnections,
     StoreKill,
     RouterKill,
+    FrontKill,
 }
 
-const KINDS: [Kind; 7] = [
+const KINDS: [Kind; 8] = [
     Kind::WorkerKill,
     Kind::DriverKill,
     Kind::ShardPause,
@@ -62,6 +67,7 @@ const KINDS: [Kind; 7] = [
     Kind::DropConnections,
     Kind::StoreKill,
     Kind::RouterKill,
+    Kind::FrontKill,
 ];
 
 impl Kind {
@@ -74,6 +80,7 @@ impl Kind {
             Kind::DropConnections => "drop-conn",
             Kind::StoreKill => "store-kill",
             Kind::RouterKill => "router-kill",
+            Kind::FrontKill => "front-kill",
         }
     }
 }
@@ -268,6 +275,12 @@ fn steps(rollback_from: Option<&str>) -> String {
 
 // ---------------------------------------------------------------------------------------
 // Processes
+
+fn example(name: &str) -> PathBuf {
+    let mut dir = PathBuf::from(env!("CARGO_BIN_EXE_reshard"));
+    dir.pop();
+    dir.join("examples").join(name)
+}
 
 fn example_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -466,6 +479,118 @@ impl Workers {
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
         }
+    }
+}
+
+/// Keeps one `reshard front` process serving on a fixed port, restarted a second after it
+/// ends (SIGKILLed by a `front-kill`, or gave up while the state store was down): the
+/// application behind it keeps its connection string, as it would behind a load balancer.
+struct Fronts {
+    port: u16,
+    pid: Arc<Mutex<Option<u32>>>,
+    stop: Arc<AtomicBool>,
+    starts: Arc<AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Fronts {
+    fn start(env: &Env) -> Fronts {
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let pid = Arc::new(Mutex::new(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let starts = Arc::new(AtomicU32::new(0));
+        let task = {
+            let (env, pid, stop, starts) = (env.clone(), pid.clone(), stop.clone(), starts.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let n = starts.fetch_add(1, Ordering::SeqCst);
+                    let mut child = env
+                        .reshard()
+                        .args(["front", "--listen", &format!("127.0.0.1:{port}")])
+                        .args([
+                            "--database",
+                            "shop",
+                            "--name",
+                            &format!("campaign-front-{n}"),
+                        ])
+                        .args(["--lease-ttl", &format!("{ROUTER_LEASE_SECS}s")])
+                        .stdout(env.log("front.log"))
+                        .stderr(env.log("front.log"))
+                        .spawn()
+                        .unwrap();
+                    *pid.lock().unwrap() = child.id();
+                    let _ = child.wait().await;
+                    *pid.lock().unwrap() = None;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            })
+        };
+        Fronts {
+            port,
+            pid,
+            stop,
+            starts,
+            task,
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!(
+            "mongodb://127.0.0.1:{}/?serverSelectionTimeoutMS=20000",
+            self.port
+        )
+    }
+
+    fn kill(&self) -> bool {
+        match *self.pid.lock().unwrap() {
+            Some(pid) => {
+                signal(pid, "KILL");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops the front after the application behind it has stopped.
+    async fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let pid = *self.pid.lock().unwrap();
+        if let Some(pid) = pid {
+            signal(pid, "TERM");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+    }
+}
+
+/// The order service that does not know reshard exists (`examples/orders_front.rs`, the
+/// official driver only), writing through the front: its ledger is checked like the other
+/// applications'. It is never killed itself (its outcome-unknown writes are re-read, not
+/// journaled), only the front under it.
+fn start_front_app(env: &Env, fronts: &Fronts, seed: u64) -> App {
+    let prefix = "f";
+    let ledger = env.dir.join(format!("ledger-{prefix}.jsonl"));
+    let child = env
+        .command(&example("orders_front"))
+        .args(["--uri", &fronts.uri()])
+        .args(["--duration", "100000s", "--rate", "30", "--workers", "2"])
+        .args(["--list-percent", "2", "--hot-share", "0.3"])
+        .args(["--id-prefix", prefix, "--seed", &seed.to_string()])
+        .arg("--ledger")
+        .arg(&ledger)
+        .stdout(Stdio::piped())
+        .stderr(env.log(&format!("app-{prefix}.log")))
+        .spawn()
+        .unwrap();
+    App {
+        prefix: prefix.to_owned(),
+        child,
+        ledger,
+        // It keeps no journal: nothing is read from this path.
+        journal: env.dir.join("no-journal"),
+        killed: false,
     }
 }
 
@@ -721,6 +846,8 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
 
     // The application, then the playbook, its workers and the faults.
     let mut apps = vec![start_app(&env, "a", seed)];
+    let fronts = Fronts::start(&env);
+    let front_app = start_front_app(&env, &fronts, seed ^ 0xf);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let workers = Workers::start(&env, 2);
     let driver_pid = Arc::new(Mutex::new(None));
@@ -818,6 +945,11 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
                 outages.push((from, now_ms() + 2000));
                 tokio::time::sleep(Duration::from_millis(2100)).await;
             }
+            Kind::FrontKill => {
+                if !fronts.kill() {
+                    notes.push(format!("{at}: no front was running"));
+                }
+            }
             Kind::RouterKill => {
                 let app = apps.last_mut().unwrap();
                 if let Some(pid) = app.child.id() {
@@ -861,6 +993,11 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
         ));
     }
     workers.stop().await;
+    notes.push(format!(
+        "front starts {}",
+        fronts.starts.load(Ordering::SeqCst)
+    ));
+    apps.push(front_app);
     // The application writes a little longer in the final phase, then stops.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut summaries = Vec::new();
@@ -885,6 +1022,7 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
             )),
         }
     }
+    fronts.stop().await;
     for (prefix, s) in &summaries {
         let w = &s["workload"];
         if w["read_anomalies"].as_u64() != Some(0) {

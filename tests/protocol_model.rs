@@ -803,7 +803,7 @@ fn spec(op: &Op, cond: Option<Below>, value: Option<u8>) -> (Option<u8>, Res) {
         Operation::Replace { doc, upsert } => match (value, matched) {
             (_, Some(_)) => (Some(*doc), Res::Changed(true)),
             (Some(_), None) if *upsert => (value, Res::Duplicate),
-            (None, None) if *upsert => (Some(*doc), Res::Changed(true)),
+            (None, None) if *upsert => (Some(*doc), Res::Inserted),
             _ => (value, Res::Changed(false)),
         },
         Operation::Update(Add(k)) => match matched {

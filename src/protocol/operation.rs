@@ -36,7 +36,9 @@ pub enum Operation<D, U> {
 pub enum Outcome<D> {
     /// `Get`: the document, or `None` when it does not exist.
     Read(Option<D>),
-    /// `Insert`: done. `Upsert`: no document matched, and `insert` was inserted.
+    /// `Insert`: done. `Upsert`: no document matched, and `insert` was inserted. `Replace`
+    /// with `upsert`: no document held the id (or only a tombstone did), and `doc` was
+    /// inserted, which MongoDB reports as an upsert (`upserted`, `matched: 0`).
     Inserted,
     /// `Insert`: the id already exists. `Upsert`, and `Replace` with `upsert`: a document
     /// holds the id but does not match the condition, so the insert would duplicate it.
@@ -72,12 +74,14 @@ enum At {
     InsReplaceTombstone,
     InsInsert,
     /// Replace: replacing the live target document; looking in the target; in the source;
-    /// replacing a tombstone; inserting.
+    /// replacing a tombstone (an upsert); inserting over a source-only document; inserting a
+    /// new one (an upsert).
     RepLive,
     RepFindTarget,
     RepFindSource,
     RepReplaceTombstone,
     RepInsert,
+    RepUpsertInsert,
     /// Update: updating the live target document; looking in the source; copying the
     /// source document into the target; updating again after the copy.
     UpdLive,
@@ -371,10 +375,13 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                 self.go(At::RepInsert, Step::Insert(T, doc))
             }
             (At::RepFindSource, Some(A::Found(_))) => self.replace_absent(),
+            (At::RepInsert, Some(A::Inserted)) => self.done(Outcome::Changed(true)),
+            // An upsert that created the document (over a tombstone, or where nothing held
+            // the id): an insert, as MongoDB reports it.
             (At::RepReplaceTombstone, Some(A::Matched(true)))
-            | (At::RepInsert, Some(A::Inserted)) => self.done(Outcome::Changed(true)),
+            | (At::RepUpsertInsert, Some(A::Inserted)) => self.done(Outcome::Inserted),
             (At::RepReplaceTombstone, Some(A::Matched(false)))
-            | (At::RepInsert, Some(A::DuplicateKey)) => self.restart(),
+            | (At::RepInsert | At::RepUpsertInsert, Some(A::DuplicateKey)) => self.restart(),
 
             // Partial update in the target, with copy-on-write from the source.
             (At::UpdLive, Some(A::Matched(true))) => self.done(Outcome::Changed(true)),
@@ -479,9 +486,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
                 self.go(At::SrcUpsertInsert, Step::Insert(S, doc))
             }
             (At::SrcUpsertInsert, Some(A::Inserted))
-            | (At::SrcRepReplaceTombstone, Some(A::Matched(true))) => {
-                self.done(Outcome::Changed(true))
-            }
+            | (At::SrcRepReplaceTombstone, Some(A::Matched(true))) => self.done(Outcome::Inserted),
             (At::SrcUpsertInsert, Some(A::DuplicateKey))
             | (At::SrcInsReplaceTombstone, Some(A::Matched(false)))
             | (At::SrcRepReplaceTombstone, Some(A::Matched(false))) => self.restart(),
@@ -553,7 +558,7 @@ impl<D: Clone + std::fmt::Debug, U: Clone + std::fmt::Debug> OperationMachine<D,
     fn replace_absent(&mut self) -> Result<Next<D, U>, ProtocolError> {
         if self.upsert() {
             let doc = self.app_doc();
-            self.go(At::RepInsert, Step::Insert(Side::Target, doc))
+            self.go(At::RepUpsertInsert, Step::Insert(Side::Target, doc))
         } else {
             self.done(Outcome::Changed(false))
         }
@@ -734,7 +739,8 @@ mod tests {
                         Answer::Matched(true),
                     ),
                 ],
-                Outcome::Changed(true),
+                // The document is created again: an upsert's insert.
+                Outcome::Inserted,
             ),
             // A delete after a rollback leaves a source tombstone: a late mirror of an older
             // target image must not bring the document back before the purge.

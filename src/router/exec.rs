@@ -54,8 +54,8 @@ pub enum Image {
     After,
 }
 
-/// The images of the document an operation's writes saw, as the application sees documents
-/// (without `_reshard`).
+/// The images of the document an operation's writes saw, as stored (the outcome shows them
+/// as the application sees them: [`Snapshot::view`]).
 #[derive(Debug, Default)]
 struct Images {
     before: Option<Document>,
@@ -71,8 +71,8 @@ impl Images {
 
     /// A write replaced `before` by `after`.
     fn wrote(&mut self, before: Option<Document>, after: Option<Document>) {
-        self.before = before.map(envelope::strip);
-        self.after = after.map(envelope::strip);
+        self.before = before;
+        self.after = after;
     }
 
     fn pick(self, image: Image) -> Option<Document> {
@@ -99,7 +99,14 @@ pub async fn run_operation(
         // The lease is checked again before every step (not only when the operation starts):
         // a step delayed past it must not land after the driver counted this router out.
         let step = match machine.next(answer.take())? {
-            Next::Done(outcome) => return Ok((outcome, images.pick(keys.terms.image))),
+            Next::Done(outcome) => {
+                let outcome = match outcome {
+                    Outcome::Read(found) => Outcome::Read(found.map(|d| snapshot.view(d))),
+                    other => other,
+                };
+                let image = images.pick(keys.terms.image).map(|d| snapshot.view(d));
+                return Ok((outcome, image));
+            }
             Next::Do(step) => step,
         };
         let side = step_side(&step);
@@ -194,10 +201,13 @@ async fn execute(
             None => Found::Absent,
             Some((found, _, _)) if is_tombstone(&found) => Found::Tombstone,
             Some((_, _, false)) => Found::Unmatched,
-            Some((found, _, true)) => {
-                *images.found_on(side) = Some(found.clone());
-                Found::Live(found)
-            }
+            Some((found, _, true)) => Found::Live(found),
+        };
+        // Each find replaces what the last one of its side saw: an image is never one an
+        // earlier round of a restarted operation read.
+        *images.found_on(side) = match &found {
+            Found::Live(d) => Some(d.clone()),
+            _ => None,
         };
         return Ok(Answer::Found(found));
     }
@@ -246,7 +256,16 @@ async fn execute(
             {
                 Written::Applied { .. } => {
                     match kind {
-                        PayloadKind::App => images.wrote(None, after),
+                        // The application's document in the target: over the source's
+                        // live image when it replaces a document only the source holds,
+                        // else a new one.
+                        PayloadKind::App => {
+                            let before = match side {
+                                Side::Target => images.found_on(Side::Source).take(),
+                                Side::Source => None,
+                            };
+                            images.wrote(before, after)
+                        }
                         // A delete of a document only the source holds: the source's image
                         // is the one deleted.
                         PayloadKind::Tombstone => {
@@ -647,12 +666,28 @@ fn immutable(snapshot: &Snapshot, path: &str) -> bool {
     envelope::immutable(path, &snapshot.target.tenant_key, &fields)
 }
 
-/// A whole document the application writes may not carry reshard's bookkeeping.
-pub fn check_document(doc: &Document) -> Result<(), RouterError> {
+/// A whole document the application writes may not carry reshard's bookkeeping, nor a
+/// routing field of the versions in play (reshard derives it from the tenant and the id, and
+/// the application never sees it: [`Snapshot::view`]).
+pub fn check_document(snapshot: &Snapshot, doc: &Document) -> Result<(), RouterError> {
     if doc.contains_key(META) {
         return Err(RouterError::InvalidUpdate(format!(
             "{META} is reserved for reshard's bookkeeping"
         )));
+    }
+    for field in [
+        snapshot.source.routing_field(),
+        snapshot.target.routing_field(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if doc.contains_key(field) {
+            return Err(RouterError::InvalidUpdate(format!(
+                "{field:?} is the routing field of the collection's layout: reshard sets it \
+                 from the tenant key and the id, and a document may not carry it"
+            )));
+        }
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::Cursor;
 
 use super::{Inner, RouterError, Snapshot};
-use crate::envelope::{is_tombstone, strip as strip_metadata};
+use crate::envelope::is_tombstone;
 use crate::ids;
 use crate::phase::ReadPath;
 use crate::protocol::Side;
@@ -174,7 +174,7 @@ pub async fn list_tenant(
         }
         if let Some((_, doc)) = chosen {
             if !is_tombstone(&doc) {
-                documents.push(strip_metadata(doc));
+                documents.push(snapshot.view(doc));
             }
         }
     }

@@ -269,6 +269,19 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// A stored document as the application sees it: without `_reshard` and without the
+    /// routing fields of the two versions (reshard derives them; no write may set them).
+    pub fn view(&self, doc: Document) -> Document {
+        let mut doc = crate::envelope::strip(doc);
+        for field in [self.source.routing_field(), self.target.routing_field()]
+            .into_iter()
+            .flatten()
+        {
+            doc.remove(field);
+        }
+        doc
+    }
+
     async fn load(store: &Store, collection: &str) -> Result<Snapshot, StoreError> {
         match store.followed_migration(collection).await? {
             Some(m) => Ok(Snapshot {
@@ -531,7 +544,7 @@ impl Router {
             .run_on("get", &tenant, &id, Operation::Get, &Terms::default())
             .await?;
         let doc = match outcome {
-            Outcome::Read(doc) => doc.map(crate::envelope::strip),
+            Outcome::Read(doc) => doc,
             other => unreachable_outcome("get", other),
         };
         // The application has its answer; a shadow read (when sampled) runs in a task.
@@ -558,7 +571,11 @@ impl Router {
     pub async fn replace(&self, doc: Document, upsert: bool) -> Result<bool, RouterError> {
         let (tenant, id) = self.keys_of(&doc).await?;
         let op = Operation::Replace { doc, upsert };
-        changed(self.run("replace", &tenant, &id, op).await?, "replace")
+        match self.run("replace", &tenant, &id, op).await? {
+            // An upsert that created the document.
+            Outcome::Inserted => Ok(true),
+            other => changed(other, "replace"),
+        }
     }
 
     /// Applies a partial update (`$set`, `$inc`, ...) to the document. Refuses an update that
@@ -633,7 +650,7 @@ impl Router {
 
     async fn keys_of(&self, doc: &Document) -> Result<(Bson, Bson), RouterError> {
         let snapshot = self.snapshot().await;
-        exec::check_document(doc)?;
+        exec::check_document(&snapshot, doc)?;
         let tenant_key = snapshot.target.tenant_key.clone();
         let tenant = doc
             .get(&tenant_key)
@@ -664,13 +681,13 @@ impl Router {
             match &op {
                 Operation::Get | Operation::Delete => {}
                 Operation::Insert(doc) | Operation::Replace { doc, .. } => {
-                    exec::check_document(doc)?;
+                    exec::check_document(&snapshot, doc)?;
                     check_keys(&snapshot, doc, &tenant, &id)?;
                 }
                 Operation::Update(update) => exec::check_update(&snapshot, update)?,
                 Operation::Upsert { update, insert } => {
                     exec::check_update(&snapshot, update)?;
-                    exec::check_document(insert)?;
+                    exec::check_document(&snapshot, insert)?;
                     check_keys(&snapshot, insert, &tenant, &id)?;
                 }
             }

@@ -64,6 +64,9 @@ pub struct QueryCursor {
     tenant_key: String,
     /// The version the streams' documents are judged by (placed where it places them).
     version: Arc<RoutingVersion>,
+    /// The snapshot the reads were planned under: it shows each document as the application
+    /// sees it ([`Snapshot::view`]).
+    snapshot: Snapshot,
     /// Source documents that no target document supersedes, in the merge's order.
     survivors: VecDeque<Document>,
     /// The ids of `survivors` (by [`crate::ids::key`]), and which of them were returned: a
@@ -307,6 +310,7 @@ async fn open(
         returned_survivors: HashSet::new(),
         streams,
         order: query.order.clone(),
+        snapshot: snapshot.clone(),
     }))
 }
 
@@ -410,12 +414,12 @@ impl QueryCursor {
                     if let Some(id) = doc.get("_id") {
                         self.returned_survivors.insert(crate::ids::key(id));
                     }
-                    out.push(envelope::strip(doc));
+                    out.push(self.snapshot.view(doc));
                 }
                 Pick::Stream(i) => {
                     let doc = self.streams[i].buffer.pop_front().expect("picked");
                     if let Some(doc) = self.judge(i, doc) {
-                        out.push(envelope::strip(doc));
+                        out.push(self.snapshot.view(doc));
                     }
                 }
             }

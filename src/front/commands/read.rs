@@ -48,7 +48,7 @@ pub fn find<'a>(cx: &'a mut Context<'_>, command: &'a Command) -> BoxFuture<'a, 
                 .execute("get", tenant, id, Operation::Get, &terms)
                 .await?;
             let found = match done.outcome {
-                Outcome::Read(Some(d)) if plan.skip == 0 => Some(crate::envelope::strip(d)),
+                Outcome::Read(Some(d)) if plan.skip == 0 => Some(d),
                 _ => None,
             };
             let batch: Vec<Document> = found
