@@ -6,6 +6,10 @@
 //! writes, zero resurrected deletes and no wrong contents; the same ledger checked by the
 //! embedded router (`orders_app --check`) must agree.
 //!
+//! A second application runs beside it through the same front: the Python twin
+//! (`examples/orders_service.py`, pymongo only, its own ids and ledger), with the same checks.
+//! It needs `<repo>/.venv` (`scripts/install-secantus.sh`); without it the test fails.
+//!
 //! 16 s of workload by default, 40 s with `RESHARD_HEAVY_TESTS=1`.
 
 mod support;
@@ -23,6 +27,56 @@ fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     dir.join("examples").join(name)
+}
+
+/// The Python of `<repo>/.venv`, with pymongo, or a failure saying how to get it.
+fn venv_python() -> PathBuf {
+    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let has_pymongo = Command::new(&python)
+        .args(["-c", "import pymongo"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has_pymongo,
+        "{} with pymongo is missing: run scripts/install-secantus.sh",
+        python.display()
+    );
+    python
+}
+
+fn orders_service() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/orders_service.py")
+}
+
+/// Waits for an application and returns its JSON summary, failing on a non-zero exit.
+async fn app_summary(name: &str, app: std::process::Child) -> serde_json::Value {
+    let out = tokio::task::spawn_blocking(move || app.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name} found anomalies: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{name}: {e}: {stdout}"))
+}
+
+/// Runs a ledger check (an application's `--check`) and returns its report, failing unless
+/// it found nothing wrong.
+fn clean_check(what: &str, command: &mut Command) -> serde_json::Value {
+    let check = command.output().unwrap();
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success(),
+        "{what} failed: {report}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["anomalies"], 0, "{what}: {report}");
+    assert_eq!(report["check"]["lost"].as_array().unwrap().len(), 0);
+    assert_eq!(report["check"]["resurrected"].as_array().unwrap().len(), 0);
+    report
 }
 
 fn reshard(db: &StateDb, args: &[&str]) -> std::process::Output {
@@ -58,6 +112,7 @@ impl Drop for Child {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_completed() {
     let seconds: u64 = if heavy_tests_enabled() { 40 } else { 16 };
+    let python = venv_python();
     let world = World::start().await;
     let (db, store, shards) = (&world.db, world.store.clone(), world.shards.clone());
     let migration = world.migration;
@@ -131,6 +186,19 @@ async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_comple
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // A second application through the same front: Python and pymongo, its own ids.
+    let py_ledger = tempfile::NamedTempFile::new().unwrap();
+    let py_ledger_path = py_ledger.path().to_str().unwrap().to_owned();
+    let py_app = Command::new(&python)
+        .arg(orders_service())
+        .args(["--uri", &uri, "--duration", &format!("{seconds}s")])
+        .args(["--rate", "60", "--workers", "2", "--hot-share", "0.33"])
+        .args(["--seed", "12", "--id-prefix", "p"])
+        .args(["--ledger", &py_ledger_path])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
 
     let pause = Duration::from_secs(seconds / 10);
     tokio::time::sleep(pause).await;
@@ -178,16 +246,8 @@ async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_comple
     );
 
     // The application ran through every phase, and its own reads found nothing wrong.
-    let out = tokio::task::spawn_blocking(move || app.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the app found anomalies: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let summary = app_summary("orders_front", app).await;
+    let stdout = summary.to_string();
     let workload = &summary["workload"];
     assert_eq!(workload["read_anomalies"], 0, "{stdout}");
     assert!(
@@ -202,20 +262,12 @@ async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_comple
     );
 
     // The ledger against the documents, read through the front.
-    let check = Command::new(example("orders_front"))
-        .args(["--uri", &uri, "--check", "--ledger", &ledger_path])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&check.stdout);
-    assert!(
-        check.status.success(),
-        "ledger check through the front failed: {report}{}",
-        String::from_utf8_lossy(&check.stderr)
+    let report = clean_check(
+        "ledger check through the front",
+        Command::new(example("orders_front"))
+            .args(["--uri", &uri, "--check"])
+            .args(["--ledger", &ledger_path]),
     );
-    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
-    assert_eq!(report["anomalies"], 0, "{report}");
-    assert_eq!(report["check"]["lost"].as_array().unwrap().len(), 0);
-    assert_eq!(report["check"]["resurrected"].as_array().unwrap().len(), 0);
     let checked = report["check"]["checked"].as_u64().unwrap();
     assert!(checked > 100, "{report}");
     let deleted = std::fs::read_to_string(&ledger_path)
@@ -226,20 +278,40 @@ async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_comple
     assert!(deleted > 10, "the workload deleted {deleted} orders");
 
     // The same ledger judged by the embedded router, past the front.
-    let check = Command::new(example("orders_app"))
-        .env("RESHARD_DATABASE_URL", db.url())
-        .args(["--check", "--ledger", &ledger_path])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&check.stdout);
-    assert!(
-        check.status.success(),
-        "ledger check by the router failed: {report}{}",
-        String::from_utf8_lossy(&check.stderr)
+    let report = clean_check(
+        "ledger check by the router",
+        Command::new(example("orders_app"))
+            .env("RESHARD_DATABASE_URL", db.url())
+            .args(["--check", "--ledger", &ledger_path]),
     );
-    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
-    assert_eq!(report["anomalies"], 0, "{report}");
     assert_eq!(report["check"]["checked"].as_u64(), Some(checked));
+
+    // The Python application, beside it the whole time: its reads found nothing wrong, and its
+    // ledger checks clean through the front (its own --check) and by the embedded router.
+    let py = app_summary("orders_service.py", py_app).await;
+    let py_workload = &py["workload"];
+    assert_eq!(py_workload["read_anomalies"], 0, "{py}");
+    assert!(
+        py_workload["acknowledged_writes"].as_u64().unwrap() > 100,
+        "{py}"
+    );
+    assert!(py_workload["reads"].as_u64().unwrap() > 0, "{py}");
+    let py_report = clean_check(
+        "the Python service's ledger check through the front",
+        Command::new(&python)
+            .arg(orders_service())
+            .args(["--uri", &uri, "--check"])
+            .args(["--ledger", &py_ledger_path]),
+    );
+    let py_checked = py_report["check"]["checked"].as_u64().unwrap();
+    assert!(py_checked > 50, "{py_report}");
+    let report = clean_check(
+        "the Python service's ledger check by the router",
+        Command::new(example("orders_app"))
+            .env("RESHARD_DATABASE_URL", db.url())
+            .args(["--check", "--ledger", &py_ledger_path]),
+    );
+    assert_eq!(report["check"]["checked"].as_u64(), Some(py_checked));
 
     // The old orders are all there, through the front, in the new layout.
     let orders = client.database("shop").collection::<Document>("orders");
