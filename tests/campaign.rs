@@ -276,16 +276,11 @@ fn steps(rollback_from: Option<&str>) -> String {
 // ---------------------------------------------------------------------------------------
 // Processes
 
+/// An example's binary (`cargo test` builds the examples beside the test binaries).
 fn example(name: &str) -> PathBuf {
-    let mut dir = PathBuf::from(env!("CARGO_BIN_EXE_reshard"));
-    dir.pop();
-    dir.join("examples").join(name)
-}
-
-fn example_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
-    dir.join("examples").join("orders_app")
+    dir.join("examples").join(name)
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -377,7 +372,7 @@ fn start_app(env: &Env, prefix: &str, seed: u64) -> App {
     let ledger = env.dir.join(format!("ledger-{prefix}.jsonl"));
     let journal = env.dir.join(format!("journal-{prefix}.jsonl"));
     let child = env
-        .command(&example_binary())
+        .command(&example("orders_app"))
         .env("RESHARD_LOG", "warn")
         .args(["--duration", "100000s", "--rate", "60", "--workers", "3"])
         .args(["--list-percent", "2", "--hot-share", "0.3"])
@@ -575,7 +570,7 @@ fn start_front_app(env: &Env, fronts: &Fronts, seed: u64) -> App {
     let child = env
         .command(&example("orders_front"))
         .args(["--uri", &fronts.uri()])
-        .args(["--duration", "100000s", "--rate", "30", "--workers", "2"])
+        .args(["--duration", "100000s", "--rate", "15", "--workers", "2"])
         .args(["--list-percent", "2", "--hot-share", "0.3"])
         .args(["--id-prefix", prefix, "--seed", &seed.to_string()])
         .arg("--ledger")
@@ -857,7 +852,9 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
         playbook_path.clone(),
         driver_pid.clone(),
         kill_requested.clone(),
-        Duration::from_secs(if heavy_tests_enabled() { 300 } else { 240 }),
+        // A router or front killed while reverting plans the copy back again once its lease
+        // lapsed (every revert partition starts over): a rolled-back run can copy back twice.
+        Duration::from_secs(if heavy_tests_enabled() { 480 } else { 360 }),
     ));
     let mut fired = Vec::new();
     let mut notes = Vec::new();
