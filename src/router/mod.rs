@@ -61,23 +61,25 @@
 //! # Ok(()) }
 //! ```
 
+mod config;
 mod exec;
+mod follower;
 mod list;
 mod query;
 mod shadow;
+mod snapshot;
 mod stats;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mongodb::bson::{Bson, Document};
-use mongodb::options::WriteConcern;
 use tokio::sync::{watch, Notify, RwLock};
 use tokio::task::JoinHandle;
 
 use crate::phase::Phase;
 use crate::protocol::{Operation, Outcome, ProtocolError};
-use crate::routing::{KeyValue, RoutingError, RoutingVersion};
+use crate::routing::{KeyValue, RoutingError};
 use crate::shards::Shards;
 use crate::store::routers::{Heartbeat, Registration, Renewal};
 use crate::store::{within, Store, StoreError, CHANNEL};
@@ -86,120 +88,14 @@ use crate::store::{within, Store, StoreError, CHANNEL};
 /// tried again at the next interval): a server cut off by the network answers nothing.
 const STORE_CALL_LIMIT: Duration = Duration::from_secs(15);
 
+pub use config::{RouterConfig, StepEvent, StepHook};
 pub use exec::{is_duplicate_key, Image, Terms};
+use follower::{connect_shards, follow, heartbeats};
 pub use list::Page;
 pub use query::{Order, Query, QueryCursor, MAX_SOURCE_MATCHES};
+use snapshot::shadow_read_percent;
+pub use snapshot::Snapshot;
 use stats::OperationStats;
-
-/// How a router behaves. [`RouterConfig::named`] gives the defaults.
-#[derive(Clone)]
-pub struct RouterConfig {
-    /// Shown to operators in `reshard routers list`.
-    pub name: String,
-    /// How long a heartbeat keeps the router's lease: how long it serves without reaching the
-    /// state store (its self-fence deadline), and how long a router that stopped heartbeating
-    /// (crashed, partitioned) holds up phase changes before the driver counts it out. Default
-    /// ten minutes: longer than a PostgreSQL failover or restart.
-    pub lease_ttl: Duration,
-    /// How long before its lease runs out the router stops sending commands, and how long
-    /// after it the driver waits before counting a silent router out: it covers the time a
-    /// command takes to reach a server and the drift between the two clocks. `None`: a tenth
-    /// of `lease_ttl`, at most 30 s. Below half of `lease_ttl`.
-    pub fence_margin: Option<Duration>,
-    /// How often the router heartbeats (and polls, in case a `NOTIFY` was missed).
-    pub heartbeat_interval: Duration,
-    /// How long a write waits while the phase holds writes (the write switch) before it fails
-    /// with the retryable [`RouterError::WriteHeld`].
-    pub hold_timeout: Duration,
-    /// Write concern of every write (default `w: "majority", j: true`).
-    pub write_concern: WriteConcern,
-    /// The largest page [`Router::list_tenant`] returns.
-    pub max_page_size: usize,
-    /// How many locations a tenant listing queries at once.
-    pub list_parallelism: usize,
-    /// Called before every protocol step, with the step's name and side. Tests use it to force
-    /// an interleaving (run another actor between two steps); production leaves it `None`.
-    pub step_hook: Option<StepHook>,
-    /// The most shadow reads (the migration's `shadow_read_percent`) in flight at once; a
-    /// sampled read beyond them is skipped, not queued.
-    pub shadow_reads_in_flight: usize,
-    /// How long [`Router::connect`] (and [`Router::with_shards`]) keep trying while the state
-    /// store cannot be reached, with backoff and jitter and a warning at each attempt; then
-    /// they fail with [`RouterError::StoreUnreachable`]. `None`: one attempt, failing at once.
-    ///
-    /// Default two minutes, waiting: an application that restarts during a state-store
-    /// failover or restart (the outage a running router rides out) comes up once the store is
-    /// back, rather than exiting into its supervisor's restart backoff (minutes, with
-    /// Kubernetes) or staying down (without a supervisor); bounded, so a wrong host or a store
-    /// gone for good still ends in an error. Meanwhile the router serves nothing: it has not
-    /// loaded the migration's phase, and it never guesses one. A URL that is not a PostgreSQL
-    /// URL, a store without reshard's schema, or a shard without a connection fail at once.
-    pub connect_deadline: Option<Duration>,
-    /// What registers: the library in an application, or a `reshard front` (shown by
-    /// `reshard routers list`).
-    pub kind: crate::store::RouterKind,
-}
-
-/// See [`RouterConfig::step_hook`].
-pub type StepHook = Arc<dyn Fn(StepEvent) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
-
-/// A protocol step about to run: `find`, `insert`, `replace_live`, `replace_tombstone`,
-/// `update_live` or `delete`, on the source or the target, and for an insert what it inserts
-/// (`app`, `copy` or `tombstone`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepEvent {
-    pub step: &'static str,
-    pub side: crate::protocol::Side,
-    pub payload: Option<&'static str>,
-}
-
-impl RouterConfig {
-    /// The fence margin in force ([`RouterConfig::fence_margin`]).
-    pub fn fence_margin(&self) -> Duration {
-        self.fence_margin
-            .unwrap_or((self.lease_ttl / 10).min(Duration::from_secs(30)))
-    }
-
-    pub fn named(name: impl Into<String>) -> Self {
-        RouterConfig {
-            name: name.into(),
-            lease_ttl: Duration::from_secs(600),
-            fence_margin: None,
-            heartbeat_interval: Duration::from_secs(2),
-            hold_timeout: Duration::from_secs(5),
-            write_concern: WriteConcern::majority().and_journal(true),
-            max_page_size: 1000,
-            list_parallelism: 8,
-            step_hook: None,
-            shadow_reads_in_flight: 8,
-            connect_deadline: Some(Duration::from_secs(120)),
-            kind: crate::store::RouterKind::Library,
-        }
-    }
-
-    /// Refuses a fence margin that leaves the lease nothing to serve with.
-    fn check(&self) -> Result<(), RouterError> {
-        let margin = self.fence_margin();
-        if margin.is_zero() || margin * 2 >= self.lease_ttl {
-            return Err(RouterError::InvalidUpdate(format!(
-                "fence_margin ({margin:?}) must be above zero and below half of lease_ttl ({:?})",
-                self.lease_ttl
-            )));
-        }
-        Ok(())
-    }
-}
-
-trait WriteConcernExt {
-    fn and_journal(self, journal: bool) -> Self;
-}
-
-impl WriteConcernExt for WriteConcern {
-    fn and_journal(mut self, journal: bool) -> Self {
-        self.journal = Some(journal);
-        self
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
@@ -249,81 +145,6 @@ pub enum RouterError {
     Store(#[from] StoreError),
     #[error("MongoDB: {}", crate::shards::describe(.0))]
     Mongo(#[from] mongodb::error::Error),
-}
-
-/// What the router applies: the phase of the collection's migration and the two layouts.
-/// Without an active migration, both layouts are the collection's current version and the
-/// phase is `completed` (read and write the current version).
-#[derive(Clone, Debug)]
-pub struct Snapshot {
-    pub migration_id: Option<i64>,
-    pub epoch: i64,
-    pub phase: Phase,
-    /// A rolled-back migration that was sealed: deletes leave no source tombstone.
-    pub sealed: bool,
-    /// The migration's share of reads shadowed when the snapshot was loaded (routers follow
-    /// changes of it with every poll, without a new epoch).
-    pub shadow_read_percent: f64,
-    pub source: Arc<RoutingVersion>,
-    pub target: Arc<RoutingVersion>,
-}
-
-impl Snapshot {
-    /// A stored document as the application sees it: without `_reshard` and without the
-    /// routing fields of the two versions (reshard derives them; no write may set them).
-    pub fn view(&self, doc: Document) -> Document {
-        let mut doc = crate::envelope::strip(doc);
-        for field in [self.source.routing_field(), self.target.routing_field()]
-            .into_iter()
-            .flatten()
-        {
-            doc.remove(field);
-        }
-        doc
-    }
-
-    async fn load(store: &Store, collection: &str) -> Result<Snapshot, StoreError> {
-        match store.followed_migration(collection).await? {
-            Some(m) => Ok(Snapshot {
-                migration_id: Some(m.id),
-                epoch: m.epoch,
-                phase: m.phase(),
-                sealed: m.sealed_at.is_some(),
-                shadow_read_percent: shadow_read_percent(&m),
-                source: Arc::new(
-                    store
-                        .version(collection, Some(m.from_version))
-                        .await?
-                        .version,
-                ),
-                target: Arc::new(store.version(collection, Some(m.to_version)).await?.version),
-            }),
-            None => {
-                let current = store.current_version(collection).await?;
-                let v = Arc::new(store.version(collection, Some(current)).await?.version);
-                Ok(Snapshot {
-                    migration_id: None,
-                    epoch: 0,
-                    phase: Phase::Completed,
-                    sealed: false,
-                    shadow_read_percent: 0.0,
-                    source: v.clone(),
-                    target: v,
-                })
-            }
-        }
-    }
-
-    fn same_epoch(&self, other: &Snapshot) -> bool {
-        self.migration_id == other.migration_id && self.epoch == other.epoch
-    }
-}
-
-/// The migration's `shadow_read_percent` (0 when its settings cannot be read).
-fn shadow_read_percent(m: &crate::store::migrations::Migration) -> f64 {
-    crate::settings::MigrationSettings::from_json(&m.settings)
-        .map(|s| s.shadow_read_percent)
-        .unwrap_or(0.0)
 }
 
 pub(crate) struct Inner {
@@ -935,240 +756,4 @@ impl Inner {
             took,
         );
     }
-
-    /// Renews the lease and acknowledges the epoch applied now (the epoch switched to last,
-    /// read without waiting for a switch in progress).
-    async fn heartbeat(&self) {
-        let started = Instant::now();
-        let (migration_id, epoch) = *self.epochs.borrow();
-        let mut stats = self.stats.lock().expect("stats lock").take_report();
-        stats["shadow"] = self.shadow.report();
-        let beat = Heartbeat {
-            migration_id,
-            acked_epoch: migration_id.map(|_| epoch),
-            stats: &stats,
-        };
-        let renewal = match within(
-            STORE_CALL_LIMIT,
-            self.store.router_heartbeat(
-                self.id,
-                self.config.lease_ttl,
-                self.config.fence_margin(),
-                &beat,
-            ),
-        )
-        .await
-        {
-            Ok(Renewal::Gone) => match within(
-                STORE_CALL_LIMIT,
-                self.store.register_router(&Registration {
-                    id: self.id,
-                    collection: &self.collection,
-                    name: &self.config.name,
-                    host: &crate::identity::hostname(),
-                    pid: std::process::id() as i32,
-                    ttl: self.config.lease_ttl,
-                    fence_margin: self.config.fence_margin(),
-                    kind: self.config.kind,
-                    heartbeat_interval: self.config.heartbeat_interval,
-                }),
-            )
-            .await
-            {
-                // A new registration is a lapse: the driver did not wait for this router.
-                Ok(()) => Renewal::Lapsed,
-                Err(e) => {
-                    tracing::warn!(router = %self.config.name, error = %e, "registration failed");
-                    return;
-                }
-            },
-            Ok(renewal) => renewal,
-            Err(e) => {
-                tracing::warn!(router = %self.config.name, error = %e, "heartbeat failed");
-                return;
-            }
-        };
-        {
-            let mut lease = self.lease.lock().expect("lease lock");
-            if renewal == Renewal::Lapsed {
-                // The driver may have counted this router out and moved on: serve again only
-                // once the phase was loaded after this renewal.
-                lease.lapses += 1;
-            } else if lease.loaded >= lease.lapses {
-                lease.valid_until = started + self.config.lease_ttl;
-            }
-        }
-        if renewal == Renewal::Lapsed {
-            tracing::warn!(
-                router = %self.config.name,
-                "the lease had lapsed; loading the phase again before serving"
-            );
-            self.reload_now.notify_one();
-            return;
-        }
-        // The store answered: store the shadow-read counts too (when they changed).
-        self.shadow.store_counts(self).await;
-    }
-
-    /// Loads the state and, when the epoch changed, drains and switches.
-    async fn refresh(&self) -> bool {
-        let lapses = self.lease.lock().expect("lease lock").lapses;
-        let switched = self.load().await;
-        if let Some(switched) = switched {
-            let mut lease = self.lease.lock().expect("lease lock");
-            let covers_a_lapse = lapses > lease.loaded;
-            lease.loaded = lease.loaded.max(lapses);
-            drop(lease);
-            // Acknowledge a switch, or renew a lapsed lease, without waiting for the interval.
-            if switched || covers_a_lapse {
-                self.beat_now.notify_one();
-            }
-        }
-        switched.unwrap_or(false)
-    }
-
-    /// One load of the migration state: `Some(true)` when it switched epochs, `Some(false)`
-    /// when the epoch is current, `None` when the state store could not be read.
-    async fn load(&self) -> Option<bool> {
-        let warn = |e: StoreError| {
-            tracing::warn!(router = %self.config.name, error = %e, "cannot load the migration state");
-            None
-        };
-        // Polls are frequent: read the migration row alone, and the versions only on a change.
-        let active = match within(
-            STORE_CALL_LIMIT,
-            self.store.followed_migration(&self.collection),
-        )
-        .await
-        {
-            Ok(m) => m,
-            Err(e) => return warn(e),
-        };
-        // Settings change without a new epoch: the share of shadow reads follows every poll.
-        self.shadow
-            .set_percent(active.as_ref().map_or(0.0, shadow_read_percent));
-        let current = self.snapshot.read().await.clone();
-        let key = (active.as_ref().map(|m| m.id), active.map_or(0, |m| m.epoch));
-        if key == (current.migration_id, current.epoch) {
-            return Some(false);
-        }
-        let fresh = match within(
-            STORE_CALL_LIMIT,
-            Snapshot::load(&self.store, &self.collection),
-        )
-        .await
-        {
-            Ok(s) => s,
-            Err(e) => return warn(e),
-        };
-        if current.same_epoch(&fresh) {
-            return Some(false);
-        }
-        // A version of the new epoch may name a shard registered since this router started:
-        // it is connected before the router switches (and acknowledges); until it is, the
-        // router stays in its epoch and the driver's barrier names it.
-        if let Err(e) = connect_shards(&self.store, &self.shards, &fresh).await {
-            tracing::warn!(router = %self.config.name, epoch = fresh.epoch, "cannot switch epoch: {e}");
-            return None;
-        }
-        let mut guard = self.snapshot.write().await;
-        tracing::info!(
-            router = %self.config.name,
-            from = %current.phase, to = %fresh.phase, epoch = fresh.epoch,
-            "switching epoch"
-        );
-        let key = (fresh.migration_id, fresh.epoch);
-        crate::telemetry::router_applies(
-            &self.collection,
-            fresh.epoch,
-            fresh.phase.as_str(),
-            Some(current.phase.as_str()),
-        );
-        *self.applied_phase.lock().expect("phase lock") = fresh.phase;
-        *guard = Arc::new(fresh);
-        drop(guard);
-        self.epochs.send_replace(key);
-        Some(true)
-    }
-}
-
-/// Connects every shard the snapshot's versions name that `shards` lacks, from the store's
-/// registry.
-async fn connect_shards(
-    store: &Store,
-    shards: &Shards,
-    snapshot: &Snapshot,
-) -> Result<(), RouterError> {
-    let mut wanted = snapshot.source.shards();
-    wanted.extend(snapshot.target.shards());
-    if wanted.iter().all(|s| shards.contains(s)) {
-        return Ok(());
-    }
-    let registered = within(STORE_CALL_LIMIT, store.shards()).await?;
-    match shards.ensure(&wanted, &registered).await {
-        Ok(connected) => {
-            for shard in connected {
-                tracing::info!(
-                    shard,
-                    "connected to a shard registered since this router started"
-                );
-            }
-            Ok(())
-        }
-        Err(crate::shards::EnsureError::Unregistered(e)) => Err(RouterError::UnknownShard(e.0)),
-        Err(e) => Err(RouterError::InvalidUpdate(e.to_string())),
-    }
-}
-
-/// The follower: listens for changes, polls anyway, loads the state and switches epochs. A
-/// switch waits for the operations of the old epoch to drain; the heartbeat task goes on
-/// meanwhile.
-async fn follow(inner: Arc<Inner>) {
-    let mut listener = listen(&inner).await;
-    loop {
-        let poll = inner.config.heartbeat_interval;
-        match listener.as_mut() {
-            Some(l) => tokio::select! {
-                n = l.recv() => if let Err(e) = n {
-                    tracing::warn!(error = %e, "lost the NOTIFY listener; polling");
-                    listener = None;
-                },
-                _ = tokio::time::sleep(poll) => {}
-                _ = inner.reload_now.notified() => {}
-            },
-            None => {
-                tokio::select! {
-                    _ = tokio::time::sleep(poll) => {}
-                    _ = inner.reload_now.notified() => {}
-                }
-                listener = listen(&inner).await;
-            }
-        }
-        inner.refresh().await;
-    }
-}
-
-/// The heartbeat task: renews the lease every interval, and at once after an epoch switch.
-async fn heartbeats(inner: Arc<Inner>) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(inner.config.heartbeat_interval) => {}
-            _ = inner.beat_now.notified() => {}
-        }
-        inner.heartbeat().await;
-    }
-}
-
-async fn listen(inner: &Inner) -> Option<sqlx::postgres::PgListener> {
-    let subscribe = async {
-        let mut listener = sqlx::postgres::PgListener::connect_with(inner.store.pool())
-            .await
-            .ok()?;
-        listener.listen(CHANNEL).await.ok()?;
-        Some(listener)
-    };
-    tokio::time::timeout(STORE_CALL_LIMIT, subscribe)
-        .await
-        .ok()
-        .flatten()
 }
