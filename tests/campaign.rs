@@ -364,8 +364,13 @@ impl Env {
             .unwrap()
     }
 
+    /// Runs `reshard ARGS` to its end.
+    async fn reshard_out(&self, args: &[&str]) -> std::process::Output {
+        self.reshard().args(args).output().await.unwrap()
+    }
+
     async fn reshard_ok(&self, args: &[&str]) -> String {
-        let out = self.reshard().args(args).output().await.unwrap();
+        let out = self.reshard_out(args).await;
         assert!(
             out.status.success(),
             "reshard {args:?}: {}{}",
@@ -986,8 +991,7 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
                 let uri = server.uri();
                 let database = format!("shop_{name}");
                 let out = env
-                    .reshard()
-                    .args([
+                    .reshard_out(&[
                         "shard",
                         "add",
                         &name,
@@ -996,9 +1000,7 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
                         "--database",
                         &database,
                     ])
-                    .output()
-                    .await
-                    .unwrap();
+                    .await;
                 if !out.status.success() {
                     fault_problems.push(format!(
                         "{at}: reshard shard add {name}: {}",
@@ -1308,11 +1310,8 @@ async fn bypass(
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         let out = env
-            .reshard()
-            .args(["bypass", "list", &migration, "--output", "json"])
-            .output()
-            .await
-            .unwrap();
+            .reshard_out(&["bypass", "list", &migration, "--output", "json"])
+            .await;
         if out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&id) {
             break;
         }
@@ -1328,8 +1327,7 @@ async fn bypass(
     let mut last = String::new();
     for _ in 0..5 {
         let out = env
-            .reshard()
-            .args([
+            .reshard_out(&[
                 "bypass",
                 "resolve",
                 &migration,
@@ -1340,9 +1338,7 @@ async fn bypass(
                 "--reason",
                 "campaign: the bypass fault",
             ])
-            .output()
-            .await
-            .unwrap();
+            .await;
         if out.status.success() {
             return Ok((
                 id.clone(),
