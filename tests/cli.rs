@@ -322,7 +322,7 @@ async fn silent_router(db: &PgDb, name: &str, lease_secs: f64) {
     .unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier() {
     let server = MongoServer::start().await;
     let db = prepared(&server).await;
@@ -376,12 +376,23 @@ async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier(
     );
     assert_eq!(json(&db, &["migration", "show", &id])["phase"], "dual_read");
     // Once it acknowledges the current epoch the gate opens; a write switch it does not
-    // acknowledge in time goes back to dual_read and says so.
+    // acknowledge in time goes back to dual_read and says so. It stays alive: it heartbeats
+    // (a router heard of since the driver's wait began is not waited out).
     sqlx::query("UPDATE routers SET migration_id = $1, acked_epoch = 2, heartbeat_at = now()")
         .bind(m["id"].as_i64().unwrap())
         .execute(&db.pool().await)
         .await
         .unwrap();
+    let pool = db.pool().await;
+    let beating = tokio::spawn(async move {
+        loop {
+            sqlx::query("UPDATE routers SET heartbeat_at = now()")
+                .execute(&pool)
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    });
     let out = reshard(
         &db,
         &[
@@ -425,6 +436,7 @@ async fn a_live_router_that_has_not_acknowledged_holds_the_gate_and_the_barrier(
         .as_str()
         .unwrap()
         .contains("orders-api"));
+    beating.abort();
 }
 
 #[tokio::test]
@@ -580,6 +592,164 @@ async fn a_router_that_died_before_the_write_switch_is_waited_out_before_writes_
         .collect();
     assert!(!kinds.contains(&"barrier_timed_out"), "{kinds:?}");
 
+    router.shutdown().await;
+}
+
+/// The router rows of the two tests below: one that acknowledged `dual_read`, last heard at
+/// `heard` (SQL, relative to now), with `interval` between heartbeats (NULL: none recorded) and
+/// a lease of `lease_secs`.
+async fn dead_router_heard(db: &PgDb, mid: i64, heard: &str, interval: &str, lease_secs: f64) {
+    sqlx::query(&format!(
+        "INSERT INTO routers (id, collection, name, host, pid, heartbeat_at, heartbeat_interval,
+                              lease_expires_at, migration_id, acked_epoch)
+         VALUES (gen_random_uuid(), 'orders', 'dead-api', 'web-9', 4343, {heard}, {interval},
+                 now() + make_interval(secs => $1), $2, 2)"
+    ))
+    .bind(lease_secs)
+    .bind(mid)
+    .execute(&db.pool().await)
+    .await
+    .unwrap();
+}
+
+/// What a migration's history holds, by kind.
+fn event_kinds(db: &PgDb, id: &str) -> Vec<String> {
+    json(db, &["migration", "history", id])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Regression (issue 29, item 2, found by the campaign, seed 1877590601): a router killed a
+/// moment before the write switch (its last heartbeat fresh, so not yet "silent") was not
+/// waited out: the switch held every writer for the whole switch timeout, went back, and
+/// `reshard run` exited 1. Now every counted router must heartbeat once after the wait begins;
+/// one that does not is waited out with writes flowing. Before the fix: exit 1, "write switch
+/// timed out: 1 router(s) did not acknowledge epoch 3".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_killed_a_moment_before_the_write_switch_is_waited_out_too() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let mid = m["id"].as_i64().unwrap();
+    let id = mid.to_string();
+    let mut config = reshard::router::RouterConfig::named("live-api");
+    config.heartbeat_interval = std::time::Duration::from_millis(200);
+    let router = reshard::router::Router::connect(&db.url(), "orders", config)
+        .await
+        .unwrap();
+    let out = reshard(&db, &["migration", "advance", &id, "--to", "dual_read"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Heard a moment ago, with the default 2 s interval: silent only 6 s from now; its lease
+    // (plus the 1 s margin) ends in 4 s.
+    dead_router_heard(&db, mid, "now()", "NULL", 3.0).await;
+    let started = std::time::Instant::now();
+    let out = reshard(
+        &db,
+        &[
+            "migration",
+            "advance",
+            &id,
+            "--to",
+            "write_switch",
+            "--switch-timeout",
+            "1s",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(3),
+        "waited until the dead router was counted out: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        json(&db, &["migration", "show", &id])["phase"],
+        "new_writes"
+    );
+    let kinds = event_kinds(&db, &id);
+    assert!(!kinds.iter().any(|k| k == "barrier_timed_out"), "{kinds:?}");
+    router.shutdown().await;
+}
+
+/// Issue 29, item 2: a router that dies after the driver heard it and before it acknowledges
+/// the switch. The switch goes back as soon as the router is silent, not at the switch
+/// timeout (6 s here, shorter than its lease), and the driver waits it out with writes flowing
+/// and switches once more: the move succeeds. Before: writes held 6 s, then exit 1 ("write
+/// switch timed out").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_stops_during_the_write_switch_sends_it_back_at_once_and_it_is_made_again() {
+    let server = MongoServer::start().await;
+    let db = prepared(&server).await;
+    let m = json(
+        &db,
+        &["migration", "create", "--collection", "orders", "--to", "2"],
+    );
+    let mid = m["id"].as_i64().unwrap();
+    let id = mid.to_string();
+    let mut config = reshard::router::RouterConfig::named("live-api");
+    config.heartbeat_interval = std::time::Duration::from_millis(200);
+    let router = reshard::router::Router::connect(&db.url(), "orders", config)
+        .await
+        .unwrap();
+    let out = reshard(&db, &["migration", "advance", &id, "--to", "dual_read"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Its last heartbeat is stamped half a second ahead: heard after the driver's wait
+    // begins, so the switch starts; silent a second after that (the shortest threshold).
+    dead_router_heard(
+        &db,
+        mid,
+        "now() + interval '500 ms'",
+        "interval '100 ms'",
+        8.0,
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let out = reshard(
+        &db,
+        &[
+            "migration",
+            "advance",
+            &id,
+            "--to",
+            "write_switch",
+            "--switch-timeout",
+            "6s",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(8),
+        "switched again only once the dead router was counted out: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        stderr(&out).contains("stopped heartbeating while writes were held")
+            && stderr(&out).contains("switching again"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        json(&db, &["migration", "show", &id])["phase"],
+        "new_writes"
+    );
+    let history = json(&db, &["migration", "history", &id]);
+    let went_back: Vec<_> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "switch_failed")
+        .collect();
+    assert!(
+        went_back.len() == 1 && went_back[0]["details"]["stopped"][0].is_string(),
+        "{history:#}"
+    );
+    let kinds = event_kinds(&db, &id);
+    assert!(!kinds.iter().any(|k| k == "barrier_timed_out"), "{kinds:?}");
     router.shutdown().await;
 }
 

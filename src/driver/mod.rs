@@ -97,12 +97,19 @@ enum Barrier {
     TimedOut {
         missing: Vec<String>,
     },
+    /// In a switch: these routers, not acknowledged, stopped heartbeating (by the label of
+    /// [`SilentRouter`](crate::store::routers::SilentRouter)), so they never will.
+    Stopped {
+        stopped: Vec<String>,
+    },
 }
 
 /// Why a write switch goes back.
 enum SwitchBack {
     /// These routers did not acknowledge in time.
     Routers(Vec<String>),
+    /// These routers stopped heartbeating while writes were held.
+    Stopped(Vec<String>),
     /// Something else failed (the bypass watch, the state store).
     Failed(String),
 }
@@ -416,9 +423,9 @@ impl Driver {
     /// A barrier that had to wait records a `barrier_waited` event, one that timed out a
     /// `barrier_timed_out` event (a failure).
     pub async fn barrier(&self, migration: &Migration, timeout: Duration) -> Result<()> {
-        match self.await_routers(migration, timeout).await? {
+        match self.await_routers(migration, timeout, false).await? {
             Barrier::Passed => Ok(()),
-            Barrier::TimedOut { missing } => {
+            Barrier::TimedOut { missing } | Barrier::Stopped { stopped: missing } => {
                 let why = format!(
                     "{} router(s) did not acknowledge epoch {} of migration {} within {}: {}",
                     missing.len(),
@@ -463,7 +470,14 @@ impl Driver {
     /// Waits for every router still counted to acknowledge the migration's epoch, up to
     /// `timeout` (see [`Driver::barrier`]); records a `barrier_waited` event when it passed
     /// after waiting.
-    async fn await_routers(&self, migration: &Migration, timeout: Duration) -> Result<Barrier> {
+    /// In a write switch (`switch`), a missing router that stopped heartbeating ends the wait
+    /// at once ([`Barrier::Stopped`]).
+    async fn await_routers(
+        &self,
+        migration: &Migration,
+        timeout: Duration,
+        switch: bool,
+    ) -> Result<Barrier> {
         let started = Instant::now();
         let mut last_report: Option<Instant> = None;
         let mut waited_for = std::collections::BTreeSet::new();
@@ -516,6 +530,26 @@ impl Driver {
                 return Ok(Barrier::Passed);
             }
             waited_for.extend(missing.iter().map(|r| r.label()));
+            // In a switch, every router's writes are held until the last one acknowledges: one
+            // that stopped heartbeating meanwhile (it died after its last heartbeat before the
+            // switch) never will, so the switch goes back now rather than at the timeout.
+            if switch {
+                let stopped: Vec<String> = self
+                    .store
+                    .silent_routers(&migration.collection, None)
+                    .await?
+                    .into_iter()
+                    .filter(|s| {
+                        missing
+                            .iter()
+                            .any(|m| (&m.name, &m.host, m.pid) == (&s.name, &s.host, s.pid))
+                    })
+                    .map(|s| s.label())
+                    .collect();
+                if !stopped.is_empty() {
+                    return Ok(Barrier::Stopped { stopped });
+                }
+            }
             if started.elapsed() >= timeout {
                 return Ok(Barrier::TimedOut {
                     missing: missing.iter().map(|r| r.label()).collect(),
@@ -535,6 +569,12 @@ impl Driver {
     /// that heartbeats again stops being waited for; one that is counted out was never going
     /// to acknowledge the switch. Past the timeout the move is not made, and the error says
     /// when each router is counted out.
+    ///
+    /// A router that died a moment ago is not silent for long enough yet to tell it from a
+    /// live one: so every counted router must also heartbeat once after the wait begins (one
+    /// interval, while writes flow). One that does not is silent soon, and waited out. Only a
+    /// router that dies after that heartbeat and before the switch reaches it is left; the
+    /// switch goes back as soon as it is silent ([`Driver::write_switch`]).
     async fn await_silent_routers(
         &self,
         migration: &Migration,
@@ -542,11 +582,19 @@ impl Driver {
         timeout: Duration,
     ) -> Result<()> {
         let started = Instant::now();
+        let since = self.store.clock().await?;
         let mut last_report: Option<Instant> = None;
         let mut waited_for = std::collections::BTreeSet::new();
         loop {
-            let silent = self.store.silent_routers(&migration.collection).await?;
-            if silent.is_empty() {
+            let rows = self
+                .store
+                .silent_routers(&migration.collection, Some(since))
+                .await?;
+            // A router not heard from since the wait began but not silent long yet is waited
+            // for without a word, and only until the timeout: past it, the switch begins and
+            // goes back if that router never acknowledges.
+            let (silent, unheard): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.stopped);
+            if silent.is_empty() && (unheard.is_empty() || started.elapsed() >= timeout) {
                 if !waited_for.is_empty() {
                     let waited = started.elapsed();
                     self.progress.silent(to, &[]);
@@ -582,7 +630,9 @@ impl Driver {
                     silent.len(),
                 )));
             }
-            if last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+            if !silent.is_empty()
+                && last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(2))
+            {
                 self.progress.silent(to, &silent);
                 last_report = Some(Instant::now());
             }
@@ -594,7 +644,19 @@ impl Driver {
     /// no one writes the old side, and the migration moves on at once. If the
     /// acknowledgements do not all arrive in time, the migration goes back and nothing was
     /// lost.
+    ///
+    /// A router that stops heartbeating while writes are held sends the switch back at once;
+    /// then the driver waits it out with writes flowing and makes the switch once more.
     async fn write_switch(&self, entered: &Migration, options: &MoveOptions) -> Result<()> {
+        self.write_switch_with(entered, options, 1).await
+    }
+
+    async fn write_switch_with(
+        &self,
+        entered: &Migration,
+        options: &MoveOptions,
+        again: u8,
+    ) -> Result<()> {
         let (forward, back) = match entered.phase() {
             Phase::RevertSwitch => (Phase::RolledBack, Phase::Reverting),
             _ => (Phase::NewWrites, Phase::DualRead),
@@ -602,12 +664,15 @@ impl Driver {
         let id = entered.id;
         let write_switch = entered.phase() == Phase::WriteSwitch;
         // Why the switch goes back, if it does: the routers missing, or another failure.
-        let mut waited: std::result::Result<(), SwitchBack> =
-            match self.await_routers(entered, options.switch_timeout).await {
-                Ok(Barrier::Passed) => Ok(()),
-                Ok(Barrier::TimedOut { missing }) => Err(SwitchBack::Routers(missing)),
-                Err(e) => Err(SwitchBack::Failed(e.to_string())),
-            };
+        let mut waited: std::result::Result<(), SwitchBack> = match self
+            .await_routers(entered, options.switch_timeout, true)
+            .await
+        {
+            Ok(Barrier::Passed) => Ok(()),
+            Ok(Barrier::TimedOut { missing }) => Err(SwitchBack::Routers(missing)),
+            Ok(Barrier::Stopped { stopped }) => Err(SwitchBack::Stopped(stopped)),
+            Err(e) => Err(SwitchBack::Failed(e.to_string())),
+        };
         if waited.is_ok() && write_switch {
             // Every router holds its writes and none is in flight: from here on, a plain
             // write to the source bypassed the router. Whatever came before is judged as
@@ -675,6 +740,28 @@ impl Driver {
                         .await;
                         why
                     }
+                    SwitchBack::Stopped(stopped) => {
+                        let why = format!(
+                            "write switch went back: {} router(s) stopped heartbeating while \
+                             writes were held and cannot acknowledge epoch {}: {}",
+                            stopped.len(),
+                            entered.epoch,
+                            stopped.join("; ")
+                        );
+                        self.record(
+                            id,
+                            EventKind::SwitchFailed,
+                            Some(&why),
+                            serde_json::json!({
+                                "epoch": entered.epoch,
+                                "phase": entered.phase().as_str(),
+                                "back_to": back.as_str(),
+                                "stopped": stopped,
+                            }),
+                        )
+                        .await;
+                        why
+                    }
                     SwitchBack::Failed(error) => {
                         let why = format!("write switch failed: {error}");
                         self.record(
@@ -701,6 +788,39 @@ impl Driver {
                     .transition(id, &Action::Advance(back), &self.actor, Some(&why), false)
                     .await?;
                 self.progress.moved(&t, false);
+                if matches!(waited, SwitchBack::Stopped(_)) && again > 0 {
+                    // The same move once more, as `advance` makes it (the blocking hooks ran
+                    // for it already): every router applies the phase gone back to, the
+                    // stopped ones are waited out while writes flow, the bypasses are read.
+                    tracing::warn!(
+                        migration = id,
+                        "{why}; migration {id} went back to {back} (writes resume); waiting \
+                         them out, then switching again"
+                    );
+                    self.barrier(&t.migration, options.timeout).await?;
+                    self.await_silent_routers(&t.migration, entered.phase(), options.timeout)
+                        .await?;
+                    if write_switch {
+                        self.catch_up_bypasses(&t.migration, None).await?;
+                    }
+                    let again_t = self
+                        .store
+                        .transition(
+                            id,
+                            &Action::Advance(entered.phase()),
+                            &self.actor,
+                            Some("switch again: the routers that stopped are counted out"),
+                            false,
+                        )
+                        .await?;
+                    self.progress.moved(&again_t, false);
+                    return Box::pin(self.write_switch_with(
+                        &again_t.migration,
+                        options,
+                        again - 1,
+                    ))
+                    .await;
+                }
                 Err(Error::failed(format!(
                     "{why}; migration {id} went back to {back}, nothing was lost"
                 )))

@@ -110,7 +110,8 @@ pub async fn last_lapse(
     .await?)
 }
 
-/// A router that stopped heartbeating and is not counted out yet ([`Store::silent_routers`]).
+/// A router that stopped heartbeating (or was not heard from since a moment) and is not
+/// counted out yet ([`Store::silent_routers`]).
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct SilentRouter {
     pub name: String,
@@ -119,6 +120,9 @@ pub struct SilentRouter {
     pub pid: i32,
     /// Seconds since its last heartbeat.
     pub silent_secs: f64,
+    /// Silent for three of its heartbeat intervals: it stopped. Otherwise it is only not
+    /// heard from since the moment asked about (and may be alive).
+    pub stopped: bool,
     /// When it is counted out: its lease plus its fence margin.
     pub counted_out_at: DateTime<Utc>,
 }
@@ -396,24 +400,44 @@ impl Store {
     /// The routers of `collection` that are silent but not yet counted out: their last
     /// heartbeat is three of their intervals old (at least a second; two seconds for a row that
     /// recorded none), by `clock_timestamp()`, while their lease plus its fence margin has not
-    /// run out. Such a router (crashed, or cut off from the state store) cannot acknowledge a
-    /// new epoch before it is counted out, so a write switch entered now would hold every
-    /// other router's writes for nothing (see `Driver::advance`).
-    pub async fn silent_routers(&self, collection: &str) -> StoreResult<Vec<SilentRouter>> {
+    /// run out ([`SilentRouter::stopped`]). Such a router (crashed, or cut off from the state
+    /// store) cannot acknowledge a new epoch before it is counted out, so a write switch
+    /// entered now would hold every other router's writes for nothing (see `Driver::advance`).
+    ///
+    /// With `unheard_since`, also the counted routers not heard from since that moment (of
+    /// [`Store::clock`]) that are not silent that long yet: a router that died a moment ago
+    /// looks like a live one until three of its intervals have passed, and only a heartbeat
+    /// after the moment shows that it lives.
+    pub async fn silent_routers(
+        &self,
+        collection: &str,
+        unheard_since: Option<DateTime<Utc>>,
+    ) -> StoreResult<Vec<SilentRouter>> {
         Ok(sqlx::query_as(
-            "SELECT name, kind, host, pid,
+            "SELECT name, kind, host, pid, stopped,
                     extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 AS silent_secs,
                     lease_expires_at + fence_margin AS counted_out_at
-             FROM routers
-             WHERE collection = $1
-               AND lease_expires_at + fence_margin > clock_timestamp()
-               AND heartbeat_at + greatest(3 * coalesce(heartbeat_interval, interval '2 s'),
-                                           interval '1 s') < clock_timestamp()
+             FROM (SELECT *,
+                          heartbeat_at + greatest(3 * coalesce(heartbeat_interval, interval '2 s'),
+                                                  interval '1 s') < clock_timestamp() AS stopped
+                   FROM routers
+                   WHERE collection = $1
+                     AND lease_expires_at + fence_margin > clock_timestamp()) r
+             WHERE stopped OR heartbeat_at < $2
              ORDER BY name, host, pid",
         )
         .bind(collection)
+        .bind(unheard_since)
         .fetch_all(self.pool())
         .await?)
+    }
+
+    /// The state store's clock now (`clock_timestamp()`), the one leases and heartbeats are
+    /// stamped with.
+    pub async fn clock(&self) -> StoreResult<DateTime<Utc>> {
+        Ok(sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(self.pool())
+            .await?)
     }
 
     /// What the collection's live routers reported with their last heartbeat, one report
