@@ -611,11 +611,22 @@ async fn failure_hooks_hear_timed_out_barriers_and_failed_soaks() {
     );
     assert!(details["back_to"].is_null());
 
-    // It acknowledges dual_read, not the write switch: the switch goes back.
+    // It acknowledges dual_read, not the write switch: the switch goes back. It heartbeats
+    // (alive), so the driver does not wait it out before the switch.
     sqlx::query("UPDATE routers SET acked_epoch = 2, heartbeat_at = now()")
         .execute(&db.pool().await)
         .await
         .unwrap();
+    let pool = db.pool().await;
+    let beating = tokio::spawn(async move {
+        loop {
+            sqlx::query("UPDATE routers SET heartbeat_at = now()")
+                .execute(&pool)
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    });
     let out = reshard(
         db,
         &[
@@ -667,6 +678,7 @@ async fn failure_hooks_hear_timed_out_barriers_and_failed_soaks() {
     });
     ok(db, &["migration", "advance", &id, "--to", "write_switch"]);
     late.abort();
+    beating.abort();
     let events = w.store.events(w.migration).await.unwrap();
     let waited: Vec<_> = events
         .iter()
