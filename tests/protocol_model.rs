@@ -294,10 +294,11 @@ use reshard::disposition::Disposition;
 use reshard::phase::{Gate, Phase, WritePath};
 use reshard::protocol::{
     backfill_action, cleanup_action, cleanup_decision, cleanup_delete_step, cleanup_lookup_step,
-    copy_result, listed_location, mirror_location, mirror_writes, purge_tombstone_step,
-    query_answer, query_plan, repair_copy_step, repair_replace_step, revert_action, Answer,
-    BackfillAction, BatchWindow, CleanupAction, CleanupDecision, Found, Interrupted, Listed, Next,
-    Operation, OperationMachine, Outcome, Payload, QueryPlan, RevertAction, Side, Step,
+    copy_result, listed_location, mirror_is_newer, mirror_location, mirror_writes,
+    purge_tombstone_step, query_answer, query_plan, repair_copy_step, repair_replace_step,
+    revert_action, Answer, BackfillAction, BatchWindow, CleanupAction, CleanupDecision, Found,
+    Interrupted, Listed, MirrorSource, Next, Operation, OperationMachine, Outcome, Payload,
+    QueryPlan, RevertAction, Side, Step,
 };
 use reshard::routing::Location;
 
@@ -715,6 +716,16 @@ fn mirror_at(store: &Store, id: usize, unlooked: bool) -> usize {
     store.position(id, location)
 }
 
+/// What a mirror into the source document of `id` at its listed location `at` finds there,
+/// as `protocol::mirror_is_newer` takes it.
+fn mirror_source(store: &Store, id: usize, at: usize) -> MirrorSource {
+    match store.source_slots[id][at] {
+        Slot::Absent => MirrorSource::Absent,
+        _ if !store.mirrored[id][at] => MirrorSource::Unmirrored,
+        slot => MirrorSource::Mirrored(slot.rev().map(i64::from)),
+    }
+}
+
 /// The mirror's second step: the conditional upsert of the image into the source document at
 /// its listed location `at`. `rule` other than `MirrorRule::Product` is a broken variant.
 fn mirror_write(
@@ -731,7 +742,7 @@ fn mirror_write(
     let newer = match rule {
         // The product's filter: `_reshard.mig` differs (a source document no mirror of this
         // migration wrote is older than any target version) or its revision is lower.
-        MirrorRule::Product => !store.mirrored[id][at] || source.rev().is_none_or(|r| r < rev),
+        MirrorRule::Product => mirror_is_newer(mirror_source(store, id, at), i64::from(rev)),
         // Broken: revisions compared across the sides, as if one counter ran on both.
         MirrorRule::RawRevision => source.rev().is_none_or(|r| r < rev),
         // Broken: whatever the mirror read wins.
@@ -1268,6 +1279,11 @@ enum Broken {
     /// than the source's (`revert_action` did not ask before), and carries the image its scan
     /// read over the shared document, where a router's write may have landed since.
     RevertCopyIntoSharedDocument,
+    /// The revert copier leaves out a mirror when the source document's revision is not lower
+    /// than the image's, whoever wrote it (not only this migration's mirrors, as
+    /// `protocol::mirror_is_newer` asks): a source document's own revision, counted before the
+    /// switch, hides a newer target write, which the rollback then loses.
+    RevertSkipsByRawRevision,
     /// With a fanout source, a router's mirror goes to the first listed location whatever
     /// holds the id (the product's rule before `mirror_location`): its upsert puts a second
     /// document of the id beside the source document on another listed location.
@@ -3274,6 +3290,26 @@ impl<'a> Model<'a> {
                 if fanout {
                     say!(log, " -> placed on {placed}");
                 }
+                // The batch's source documents are read with the placement lookup
+                // (`skip_mirrored`): a mirror a router already made of this revision or a
+                // newer one is left out. Broken: the revisions compared raw, whoever wrote the
+                // source document.
+                let rev = image.rev().map_or(0, i64::from);
+                let source = mirror_source(&s.store, id, at);
+                let source = if self.broken(Broken::RevertSkipsByRawRevision) {
+                    match s.store.source_slots[id][at].rev() {
+                        Some(r) => MirrorSource::Mirrored(Some(i64::from(r))),
+                        None => source,
+                    }
+                } else {
+                    source
+                };
+                if image.rev().is_some() && !mirror_is_newer(source, rev) {
+                    self.note(Event::RevertSkippedAMirroredWrite);
+                    say!(log, " -> already mirrored ({source:?}): left out");
+                    return;
+                }
+                let b = s.worker(W::Reverter);
                 let stmt = Stmt::Mirror(image, rule, at);
                 say!(log, " -> {}", self.show(&stmt));
                 b.stmts[id] = Some(stmt);
@@ -3721,6 +3757,8 @@ enum Event {
     MirroredInPlace,
     /// The revert copier found a shared id's document in place (`revert_action`).
     RevertedInPlace,
+    /// The revert copier left out a mirror a router had already made (`skip_mirrored`).
+    RevertSkippedAMirroredWrite,
     /// A router's mirror, or the revert copier's, went to a fanout source's second listed
     /// location, where the source document was (`mirror_location`).
     RouterMirroredToALaterListedLocation,
@@ -4696,6 +4734,24 @@ fn assert_lost_copy_handled(cfg: Setup) {
     }
 }
 
+/// The revert copier reads the source documents of its batch's mirrors and leaves out those a
+/// router already mirrored at the image's revision or a newer one (`skip_mirrored`): nothing
+/// is lost, in the plain model and with a router cut off between its write and its mirror
+/// (the pass is outdated and runs again).
+#[test]
+fn the_revert_copier_leaves_out_what_routers_mirrored_and_loses_nothing() {
+    let report = assert_protocol_holds(Setup::new(updates_and_deletes()));
+    assert!(
+        report.events.contains(&Event::RevertSkippedAMirroredWrite),
+        "{:?}",
+        report.events
+    );
+    assert_protocol_holds(Setup {
+        expiries: 1,
+        ..Setup::new(updates_and_deletes_short())
+    });
+}
+
 /// A partition in two batches (one id each, in id order), in flight at once: the second
 /// batch's reads run while the first one's statements land, statements of both land in any
 /// order among everything else, and the checkpoint follows the product's `BatchWindow`. With
@@ -5133,6 +5189,16 @@ fn a_mirror_that_compares_revisions_across_the_sides_is_caught() {
 fn a_revert_copy_before_every_router_mirrors_is_caught() {
     assert_caught(
         Broken::EarlyRevertCopy,
+        false,
+        updates_and_deletes(),
+        "allows",
+    );
+}
+
+#[test]
+fn a_revert_copier_that_skips_mirrors_by_raw_revision_is_caught() {
+    assert_caught(
+        Broken::RevertSkipsByRawRevision,
         false,
         updates_and_deletes(),
         "allows",

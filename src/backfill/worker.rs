@@ -1575,6 +1575,12 @@ impl Worker {
                                 PartitionEnd::outrank(&mut end, PartitionEnd::Retry(e.to_string()));
                                 continue;
                             }
+                            if let Err(e) =
+                                skip_mirrored(&self.shards, &mut prepared, shared.migration).await
+                            {
+                                PartitionEnd::outrank(&mut end, PartitionEnd::Retry(e.to_string()));
+                                continue;
+                            }
                             prepared
                         }
                         (Task::Verify, _) => unreachable!("workers do not serve verify partitions"),
@@ -2060,6 +2066,10 @@ pub struct PreparedBatch {
     /// source): statement index and the listed locations. Each goes where the id's source
     /// document is, looked up before the batch is written ([`place_mirrors`]).
     pub lookups: Vec<(usize, Vec<Location>)>,
+    /// The revert copier's mirrors: statement index and the revision of the target image it
+    /// carries. Those a router already mirrored are left out before the batch is written
+    /// ([`skip_mirrored`]).
+    pub mirrors: Vec<(usize, i64)>,
 }
 
 impl PreparedBatch {
@@ -2190,6 +2200,9 @@ pub fn prepare_revert(
                 batch.checkpoint.scanned += 1;
                 let at = batch.statements.len();
                 batch.push(step, Kind::Mirror, &id, location, &d, Some(&doc), &context);
+                if batch.statements.len() > at {
+                    batch.mirrors.push((at, envelope::revision(&doc)));
+                }
                 let listed = from
                     .document_keys(&doc)
                     .ok()
@@ -2250,6 +2263,81 @@ pub async fn place_mirrors(
         }
     }
     Ok(())
+}
+
+/// Leaves out the mirrors of `batch` that would change nothing: the source document each
+/// would replace (where [`place_mirrors`] put it) already holds this migration's mirror of an
+/// equal or newer revision ([`protocol::mirror_is_newer`]), because a router in `reverting`
+/// mirrored the write before it answered. Their upserts would be refused, now and later (only
+/// newer mirrors write the source meanwhile), and each costs the source's primary a write (and
+/// its write concern) for nothing; they count as already present, as a refused upsert does.
+/// One `$in` query per location.
+pub async fn skip_mirrored(
+    shards: &crate::shards::Shards,
+    batch: &mut PreparedBatch,
+    migration: i64,
+) -> Result<(), crate::shards::read::ReadError> {
+    let mirrors = std::mem::take(&mut batch.mirrors);
+    if mirrors.is_empty() {
+        return Ok(());
+    }
+    let mut wanted: BTreeMap<Location, Vec<Bson>> = BTreeMap::new();
+    for (i, _) in &mirrors {
+        wanted
+            .entry(batch.statements[*i].location.clone())
+            .or_default()
+            .push(batch.ids[*i].clone());
+    }
+    let meta = envelope::META;
+    let mut found: BTreeMap<Location, HashMap<Vec<u8>, Document>> = BTreeMap::new();
+    for (location, ids) in wanted {
+        let projection = doc! { "_id": 1, format!("{meta}.mig"): 1, format!("{meta}.rev"): 1 };
+        found.insert(
+            location.clone(),
+            shards
+                .find_by_ids(&location, &ids, Some(projection))
+                .await?,
+        );
+    }
+    let mut keep = vec![true; batch.statements.len()];
+    for (i, image_rev) in mirrors {
+        let held = found
+            .get(&batch.statements[i].location)
+            .and_then(|f| f.get(&ids::key(&batch.ids[i])));
+        let source = match held.map(|d| d.get_document(meta).ok()) {
+            None => protocol::MirrorSource::Absent,
+            Some(meta) => match meta {
+                Some(m) if m.get("mig").and_then(bson_i64) == Some(migration) => {
+                    protocol::MirrorSource::Mirrored(m.get("rev").and_then(bson_i64))
+                }
+                _ => protocol::MirrorSource::Unmirrored,
+            },
+        };
+        if !protocol::mirror_is_newer(source, image_rev) {
+            keep[i] = false;
+            batch.checkpoint.already_present += 1;
+        }
+    }
+    retain_kept(&mut batch.statements, &keep);
+    retain_kept(&mut batch.kinds, &keep);
+    retain_kept(&mut batch.ids, &keep);
+    retain_kept(&mut batch.targets, &keep);
+    Ok(())
+}
+
+/// Keeps the entries of `v` whose `keep` flag (by position) is set.
+fn retain_kept<T>(v: &mut Vec<T>, keep: &[bool]) {
+    let mut flags = keep.iter();
+    v.retain(|_| *flags.next().expect("one flag per entry"));
+}
+
+/// An integer field, whatever its width.
+fn bson_i64(b: &Bson) -> Option<i64> {
+    match b {
+        Bson::Int32(v) => Some(i64::from(*v)),
+        Bson::Int64(v) => Some(*v),
+        _ => None,
+    }
 }
 
 /// Cleanup's decision for the documents of one batch, before the target is consulted

@@ -58,6 +58,35 @@ pub fn revert_copy_step<D, U>() -> Step<D, U> {
     Step::MirrorToSource
 }
 
+/// What a mirror of a target image with revision `image_rev` finds in the source document it
+/// would replace: nothing, or a document and, if a mirror of this migration wrote it (its
+/// `_reshard.mig`), that mirror's revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MirrorSource {
+    Absent,
+    /// A source document no mirror of this migration wrote: last written before the write
+    /// switch, so older than any target version.
+    Unmirrored,
+    /// A document a mirror of this migration wrote, with its revision (`None`: it carries
+    /// none, which a mirror never writes).
+    Mirrored(Option<i64>),
+}
+
+/// Whether a mirror of an image with revision `image_rev` replaces what the source holds: the
+/// condition of `MirrorToSource`'s upsert (`envelope::mirror`: `_reshard.mig` differs, or the
+/// revision is lower; revisions are compared only among this migration's mirrors).
+///
+/// Once false it stays false: in `reverting` and `revert_switch` only this migration's mirrors
+/// write the source, each only over a lower revision. So the revert copier, having read the
+/// source documents of a batch's mirrors, leaves out the mirrors this says no to (a router
+/// already mirrored the write it would carry): the upsert would be refused, now and later.
+pub fn mirror_is_newer(source: MirrorSource, image_rev: i64) -> bool {
+    match source {
+        MirrorSource::Absent | MirrorSource::Unmirrored => true,
+        MirrorSource::Mirrored(rev) => rev.is_some_and(|r| r < image_rev),
+    }
+}
+
 /// What the backfill does with a document it scanned in the source.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum BackfillAction<D, U> {
@@ -345,5 +374,17 @@ mod tests {
         assert_eq!(applied_pending_deletes(&["a", "a", "b"], &present), 1);
         assert_eq!(applied_pending_deletes(&["b", "d"], &present), 0);
         assert_eq!(applied_pending_deletes::<&str>(&[], &present), 0);
+    }
+
+    #[test]
+    fn a_mirror_replaces_only_what_no_mirror_of_this_migration_wrote_as_new() {
+        assert!(mirror_is_newer(MirrorSource::Absent, 1));
+        // The source's own revision, counted before the switch, does not count.
+        assert!(mirror_is_newer(MirrorSource::Unmirrored, 1));
+        assert!(mirror_is_newer(MirrorSource::Mirrored(Some(2)), 3));
+        assert!(!mirror_is_newer(MirrorSource::Mirrored(Some(3)), 3));
+        assert!(!mirror_is_newer(MirrorSource::Mirrored(Some(4)), 3));
+        // `_reshard.rev < r` does not match a document without the field.
+        assert!(!mirror_is_newer(MirrorSource::Mirrored(None), 3));
     }
 }
