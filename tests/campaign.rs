@@ -419,39 +419,33 @@ fn start_app(env: &Env, prefix: &str, seed: u64) -> App {
     }
 }
 
-/// Keeps `reshard worker` processes running: one per slot, restarted a second after it ends
-/// (killed, or gave up while the state store was down).
-struct Workers {
+/// Keeps `slots` processes running, each restarted a second after it ends (SIGKILLed by a
+/// fault, or gave up while the state store was down). `spawn(slot, start)` makes the command
+/// of one start; `start` counts every start, first ones included.
+struct Supervised {
     pids: Arc<Mutex<Vec<Option<u32>>>>,
     stop: Arc<AtomicBool>,
-    restarts: Arc<AtomicU32>,
+    starts: Arc<AtomicU32>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-impl Workers {
-    fn start(env: &Env, n: usize) -> Workers {
-        let pids = Arc::new(Mutex::new(vec![None; n]));
+impl Supervised {
+    fn start<F>(slots: usize, spawn: F) -> Supervised
+    where
+        F: Fn(usize, u32) -> Command + Send + Sync + 'static,
+    {
+        let spawn = Arc::new(spawn);
+        let pids = Arc::new(Mutex::new(vec![None; slots]));
         let stop = Arc::new(AtomicBool::new(false));
-        let restarts = Arc::new(AtomicU32::new(0));
-        let tasks = (0..n)
+        let starts = Arc::new(AtomicU32::new(0));
+        let tasks = (0..slots)
             .map(|slot| {
-                let (env, pids, stop, restarts) =
-                    (env.clone(), pids.clone(), stop.clone(), restarts.clone());
+                let (spawn, pids, stop, starts) =
+                    (spawn.clone(), pids.clone(), stop.clone(), starts.clone());
                 tokio::spawn(async move {
-                    let mut first = true;
                     while !stop.load(Ordering::SeqCst) {
-                        if !first {
-                            restarts.fetch_add(1, Ordering::SeqCst);
-                        }
-                        first = false;
-                        let mut child = env
-                            .reshard()
-                            .args(["worker", "--concurrency", "2", "--lease-ttl", "5s"])
-                            .args(["--name", &format!("campaign-w{slot}")])
-                            .stdout(env.log(&format!("worker-{slot}.log")))
-                            .stderr(env.log(&format!("worker-{slot}.log")))
-                            .spawn()
-                            .unwrap();
+                        let n = starts.fetch_add(1, Ordering::SeqCst);
+                        let mut child = spawn(slot, n).spawn().unwrap();
                         pids.lock().unwrap()[slot] = child.id();
                         let _ = child.wait().await;
                         pids.lock().unwrap()[slot] = None;
@@ -460,14 +454,15 @@ impl Workers {
                 })
             })
             .collect();
-        Workers {
+        Supervised {
             pids,
             stop,
-            restarts,
+            starts,
             tasks,
         }
     }
 
+    /// SIGKILLs the process of `slot` (modulo the slots); false when none is running there.
     fn kill(&self, slot: usize) -> bool {
         let pid = {
             let pids = self.pids.lock().unwrap();
@@ -480,6 +475,12 @@ impl Workers {
             }
             None => false,
         }
+    }
+
+    /// Starts after the first one of each slot.
+    fn restarts(&self) -> u32 {
+        let slots = self.pids.lock().unwrap().len() as u32;
+        self.starts.load(Ordering::SeqCst).saturating_sub(slots)
     }
 
     async fn stop(self) {
@@ -501,15 +502,24 @@ impl Workers {
     }
 }
 
-/// Keeps one `reshard front` process serving on a fixed port, restarted a second after it
-/// ends (SIGKILLed by a `front-kill`, or gave up while the state store was down): the
-/// application behind it keeps its connection string, as it would behind a load balancer.
+/// Keeps `reshard worker` processes running, one per slot.
+fn start_workers(env: &Env, slots: usize) -> Supervised {
+    let env = env.clone();
+    Supervised::start(slots, move |slot, _| {
+        let mut cmd = env.reshard();
+        cmd.args(["worker", "--concurrency", "2", "--lease-ttl", "5s"])
+            .args(["--name", &format!("campaign-w{slot}")])
+            .stdout(env.log(&format!("worker-{slot}.log")))
+            .stderr(env.log(&format!("worker-{slot}.log")));
+        cmd
+    })
+}
+
+/// Keeps one `reshard front` process serving on a fixed port: the application behind it keeps
+/// its connection string across restarts, as it would behind a load balancer.
 struct Fronts {
     port: u16,
-    pid: Arc<Mutex<Option<u32>>>,
-    stop: Arc<AtomicBool>,
-    starts: Arc<AtomicU32>,
-    task: tokio::task::JoinHandle<()>,
+    process: Supervised,
 }
 
 impl Fronts {
@@ -518,42 +528,22 @@ impl Fronts {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap().port()
         };
-        let pid = Arc::new(Mutex::new(None));
-        let stop = Arc::new(AtomicBool::new(false));
-        let starts = Arc::new(AtomicU32::new(0));
-        let task = {
-            let (env, pid, stop, starts) = (env.clone(), pid.clone(), stop.clone(), starts.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    let n = starts.fetch_add(1, Ordering::SeqCst);
-                    let mut child = env
-                        .reshard()
-                        .args(["front", "--listen", &format!("127.0.0.1:{port}")])
-                        .args([
-                            "--database",
-                            "shop",
-                            "--name",
-                            &format!("campaign-front-{n}"),
-                        ])
-                        .args(["--lease-ttl", &format!("{ROUTER_LEASE_SECS}s")])
-                        .stdout(env.log("front.log"))
-                        .stderr(env.log("front.log"))
-                        .spawn()
-                        .unwrap();
-                    *pid.lock().unwrap() = child.id();
-                    let _ = child.wait().await;
-                    *pid.lock().unwrap() = None;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            })
-        };
-        Fronts {
-            port,
-            pid,
-            stop,
-            starts,
-            task,
-        }
+        let env = env.clone();
+        let process = Supervised::start(1, move |_, n| {
+            let mut cmd = env.reshard();
+            cmd.args(["front", "--listen", &format!("127.0.0.1:{port}")])
+                .args([
+                    "--database",
+                    "shop",
+                    "--name",
+                    &format!("campaign-front-{n}"),
+                ])
+                .args(["--lease-ttl", &format!("{ROUTER_LEASE_SECS}s")])
+                .stdout(env.log("front.log"))
+                .stderr(env.log("front.log"));
+            cmd
+        });
+        Fronts { port, process }
     }
 
     fn uri(&self) -> String {
@@ -564,23 +554,16 @@ impl Fronts {
     }
 
     fn kill(&self) -> bool {
-        match *self.pid.lock().unwrap() {
-            Some(pid) => {
-                signal(pid, "KILL");
-                true
-            }
-            None => false,
-        }
+        self.process.kill(0)
+    }
+
+    fn starts(&self) -> u32 {
+        self.process.starts.load(Ordering::SeqCst)
     }
 
     /// Stops the front after the application behind it has stopped.
     async fn stop(self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let pid = *self.pid.lock().unwrap();
-        if let Some(pid) = pid {
-            signal(pid, "TERM");
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+        self.process.stop().await
     }
 }
 
@@ -870,7 +853,7 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
     let fronts = Fronts::start(&env);
     let front_app = start_front_app(&env, &fronts, seed ^ 0xf);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let workers = Workers::start(&env, 2);
+    let workers = start_workers(&env, 2);
     let driver_pid = Arc::new(Mutex::new(None));
     let kill_requested = Arc::new(AtomicBool::new(false));
     let driver = tokio::spawn(drive(
@@ -1045,7 +1028,7 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
         "reshard run x{} ({} killed), worker restarts {}",
         log.runs,
         log.killed,
-        workers.restarts.load(Ordering::SeqCst)
+        workers.restarts()
     ));
     for (code, line) in &log.failures {
         notes.push(format!("run exit {code:?}: {line}"));
@@ -1057,10 +1040,7 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
         ));
     }
     workers.stop().await;
-    notes.push(format!(
-        "front starts {}",
-        fronts.starts.load(Ordering::SeqCst)
-    ));
+    notes.push(format!("front starts {}", fronts.starts()));
     apps.push(front_app);
     // The application writes a little longer in the final phase, then stops.
     tokio::time::sleep(Duration::from_secs(2)).await;
