@@ -30,14 +30,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+#[path = "support/clients.rs"]
+mod clients;
+use clients::{root, run_client};
+
 /// The user's password: SASLprep removes the soft hyphen (U+00AD), so a client that did not
 /// prepare it would send a wrong proof. A space, non-ASCII letters and a snowman besides.
 const PASSWORD: &str = "p\u{e2}ss\u{ad}w\u{f6}rd \u{2603}";
 const USER: &str = "orders";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// `text` percent-encoded for a connection string's user information.
 fn encoded(text: &str) -> String {
@@ -220,50 +220,10 @@ fn check_auth_probe(probe: &serde_json::Value) {
     );
 }
 
-/// Runs a probe program and returns the JSON object it printed last.
-async fn run_probe(
-    program: &Path,
-    args: &[&str],
-    env: &[(&str, &str)],
-    install_hint: &str,
-) -> serde_json::Value {
-    assert!(
-        program.exists(),
-        "{} is missing: run scripts/install-secantus.sh ({install_hint})",
-        program.display()
-    );
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(program)
-            .args(args)
-            .envs(env.iter().copied())
-            .current_dir(root().join("tests/clients"))
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{} did not finish within 120 s", program.display()))
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{stdout}\n{stderr}",
-        program.display(),
-        out.status
-    );
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON from {}:\n{stdout}\n{stderr}", program.display()));
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
-}
-
 async fn pymongo_probe(front: &RunningFront) -> serde_json::Value {
     let [good, bad, none] = front.uris();
     let script = root().join("tests/clients/pymongo_auth_probe.py");
-    run_probe(
+    run_client(
         &root().join(".venv/bin/python"),
         &[script.to_str().unwrap(), &good, &bad, &none],
         &[],
@@ -279,7 +239,7 @@ async fn node_probe(front: &RunningFront) -> serde_json::Value {
         root().join("tests/clients/node_modules/mongodb").exists(),
         "the Node driver is missing: run scripts/install-secantus.sh"
     );
-    run_probe(
+    run_client(
         Path::new("/usr/bin/env"),
         &["node", script.to_str().unwrap(), &good, &bad, &none],
         &[],
@@ -291,7 +251,7 @@ async fn node_probe(front: &RunningFront) -> serde_json::Value {
 async fn mongosh_probe(front: &RunningFront) -> serde_json::Value {
     let [good, bad, none] = front.uris();
     let script = root().join("tests/clients/mongosh_auth_probe.js");
-    let probe = run_probe(
+    let probe = run_client(
         &root().join("tests/clients/node_modules/.bin/mongosh"),
         &[
             "--nodb",

@@ -35,7 +35,7 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,16 +53,16 @@ use support::World;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+#[path = "support/clients.rs"]
+mod clients;
+use clients::{root, run_client};
+
 /// The clients: their tenant prefix and the base of their ids.
 const PYMONGO: (&str, i32) = ("py", 1000);
 const RUST: (&str, i32) = ("rust", 3000);
 const NODE: (&str, i32) = ("node", 2000);
 const MONGOSH: (&str, i32) = ("sh", 4000);
 const CLIENTS: [(&str, i32); 4] = [PYMONGO, RUST, NODE, MONGOSH];
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Version 2 of the fixtures with every client's hot tenant over 16 buckets.
 fn versions() -> (String, String) {
@@ -170,47 +170,6 @@ fn seed(prefix: &str, base: i32) -> Vec<Document> {
             }
         })
         .collect()
-}
-
-/// Runs `program` (a client's workload) and returns the JSON object it printed last; a
-/// missing program fails with how to install it.
-async fn run_client(
-    program: &Path,
-    args: &[&str],
-    env: &[(&str, &str)],
-    install_hint: &str,
-) -> Value {
-    assert!(
-        program.exists(),
-        "{} is missing: run scripts/install-secantus.sh ({install_hint})",
-        program.display()
-    );
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(program)
-            .args(args)
-            .envs(env.iter().copied())
-            .current_dir(root().join("tests/clients"))
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{} did not finish within 60 s", program.display()))
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{} {args:?} failed ({}):\n{stdout}\n{stderr}",
-        program.display(),
-        out.status
-    );
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON from {}:\n{stdout}\n{stderr}", program.display()));
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
 }
 
 async fn pymongo(target: &Target<'_>) -> Value {

@@ -15,7 +15,7 @@
 //! connection of its own, about a millisecond).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,9 +31,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+#[path = "support/clients.rs"]
+mod clients;
+use clients::{root, run_client};
 
 /// A front serving on a free port of this machine, inside the test's runtime.
 struct RunningFront {
@@ -121,40 +121,6 @@ fn check_probe(probe: &serde_json::Value) {
     );
 }
 
-/// Runs a probe program and returns the JSON object it printed last.
-async fn run_probe(program: &Path, args: &[&str], install_hint: &str) -> serde_json::Value {
-    assert!(
-        program.exists(),
-        "{} is missing: run scripts/install-secantus.sh ({install_hint})",
-        program.display()
-    );
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(program)
-            .args(args)
-            .current_dir(root().join("tests/clients"))
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{} did not finish within 120 s", program.display()))
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{stdout}\n{stderr}",
-        program.display(),
-        out.status
-    );
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON from {}:\n{stdout}\n{stderr}", program.display()));
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_driver_connects_pings_and_gets_command_not_found() {
     let front = RunningFront::start().await;
@@ -203,9 +169,10 @@ async fn pymongo_connects_pings_and_gets_command_not_found() {
     let front = RunningFront::start().await;
     let python = root().join(".venv/bin/python");
     let script = root().join("tests/clients/pymongo_probe.py");
-    let probe = run_probe(
+    let probe = run_client(
         &python,
         &[script.to_str().unwrap(), &front.uri()],
+        &[],
         "pymongo in .venv",
     )
     .await;
@@ -229,9 +196,10 @@ async fn the_node_driver_connects_pings_and_gets_command_not_found() {
         root().join("tests/clients/node_modules/mongodb").exists(),
         "the Node driver is missing: run scripts/install-secantus.sh"
     );
-    let probe = run_probe(
+    let probe = run_client(
         Path::new("/usr/bin/env"),
         &["node", script.to_str().unwrap(), &front.uri()],
+        &[],
         "the Node driver in tests/clients",
     )
     .await;
@@ -248,7 +216,7 @@ async fn mongosh_connects_pings_and_gets_command_not_found() {
     let front = RunningFront::start().await;
     let mongosh = root().join("tests/clients/node_modules/.bin/mongosh");
     let script = root().join("tests/clients/mongosh_probe.js");
-    let probe = run_probe(
+    let probe = run_client(
         &mongosh,
         &[
             &front.uri(),
@@ -257,6 +225,7 @@ async fn mongosh_connects_pings_and_gets_command_not_found() {
             "--file",
             script.to_str().unwrap(),
         ],
+        &[],
         "mongosh in tests/clients",
     )
     .await;
