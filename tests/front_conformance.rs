@@ -34,24 +34,18 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::ReturnDocument;
 use mongodb::{Client, Collection};
-use reshard::front::{Engine, EngineConfig, Front, Settings};
 use reshard::phase::Phase;
-use reshard::router::{Router, RouterConfig};
-use reshard::shards::Shards;
+use reshard::router::Router;
 use serde_json::Value;
-use support::World;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use support::{RoutedFront, World};
 
 #[path = "support/clients.rs"]
 mod clients;
@@ -82,67 +76,6 @@ fn versions() -> (String, String) {
         "the fixture's tenant_buckets moved"
     );
     (v1, v2)
-}
-
-/// A front serving the world's `orders` as database `shop`, on a free port (as in
-/// tests/front_routed.rs).
-struct RoutedFront {
-    addr: SocketAddr,
-    engine: Arc<Engine>,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl RoutedFront {
-    async fn start(world: &World) -> RoutedFront {
-        let mut router = RouterConfig::named("conformance test");
-        router.heartbeat_interval = Duration::from_millis(200);
-        router.hold_timeout = Duration::from_secs(1);
-        let engine = Engine::start(
-            world.store.clone(),
-            Shards::new(world.shards.clone()),
-            None,
-            EngineConfig {
-                database: "shop".into(),
-                router,
-            },
-        )
-        .await
-        .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let front = Arc::new(Front::with_engine(Settings::default(), Arc::clone(&engine)));
-        let (stop, shutdown) = watch::channel(false);
-        let task = tokio::spawn(reshard::front::serve(listener, front, shutdown));
-        RoutedFront {
-            addr,
-            engine,
-            stop,
-            task,
-        }
-    }
-
-    fn uri(&self) -> String {
-        format!(
-            "mongodb://{}/?serverSelectionTimeoutMS=5000&retryWrites=false",
-            self.addr
-        )
-    }
-
-    async fn routers(&self) -> Vec<Router> {
-        self.engine
-            .routers()
-            .await
-            .into_iter()
-            .map(|(_, r)| r)
-            .collect()
-    }
-
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
-        self.engine.shutdown().await;
-    }
 }
 
 /// Where a run goes: the URI and the database holding `orders`.
@@ -801,7 +734,7 @@ async fn four_clients_get_from_the_front_what_one_plain_server_answers() {
     let started = Instant::now();
     let (v1, v2) = versions();
     let world = World::start_with_versions(&v1, &v2).await;
-    let front = RoutedFront::start(&world).await;
+    let front = RoutedFront::start(&world, "conformance test").await;
     let front_uri = front.uri();
     let direct_uri = world.server.uri();
     let direct_db = support::unique_name("conformance_direct");

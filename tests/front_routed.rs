@@ -10,97 +10,16 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::FindOptions;
-use mongodb::Client;
-use reshard::front::{Engine, EngineConfig, Front, Settings};
 use reshard::phase::Phase;
-use reshard::router::{Router, RouterConfig};
+use reshard::router::Router;
 use reshard::shards::passthrough::Passthrough;
-use reshard::shards::Shards;
-use support::World;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-
-/// A front serving the world's `orders` as database `shop`, on a free port.
-struct RoutedFront {
-    addr: SocketAddr,
-    engine: Arc<Engine>,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl RoutedFront {
-    async fn start(world: &World) -> RoutedFront {
-        Self::start_with(world, None).await
-    }
-
-    /// A front whose routers hold a many-document read in a switch for at most a second, and
-    /// which sends what it does not route to `passthrough`.
-    async fn start_with(world: &World, passthrough: Option<Passthrough>) -> RoutedFront {
-        let mut router = RouterConfig::named("front test");
-        router.heartbeat_interval = Duration::from_millis(200);
-        router.hold_timeout = Duration::from_secs(1);
-        let engine = Engine::start(
-            world.store.clone(),
-            Shards::new(world.shards.clone()),
-            passthrough,
-            EngineConfig {
-                database: "shop".into(),
-                router,
-            },
-        )
-        .await
-        .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let front = Arc::new(Front::with_engine(Settings::default(), Arc::clone(&engine)));
-        let (stop, shutdown) = watch::channel(false);
-        let task = tokio::spawn(reshard::front::serve(listener, front, shutdown));
-        RoutedFront {
-            addr,
-            engine,
-            stop,
-            task,
-        }
-    }
-
-    async fn client(&self) -> Client {
-        Client::with_uri_str(format!(
-            "mongodb://{}/?serverSelectionTimeoutMS=5000&retryWrites=false",
-            self.addr
-        ))
-        .await
-        .unwrap()
-    }
-
-    async fn routers(&self) -> Vec<Router> {
-        self.engine
-            .routers()
-            .await
-            .into_iter()
-            .map(|(_, r)| r)
-            .collect()
-    }
-
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
-        self.engine.shutdown().await;
-    }
-}
-
-async fn advance(world: &World, front: &RoutedFront, phases: &[Phase]) {
-    let routers = front.routers().await;
-    let refs: Vec<&Router> = routers.iter().collect();
-    world.advance(&refs, phases).await;
-}
+use support::{RoutedFront, World};
 
 /// The MongoDB error code of a failed driver call.
 fn code_of(e: &mongodb::error::Error) -> i32 {
@@ -128,7 +47,7 @@ async fn ids(cursor: mongodb::Cursor<Document>) -> Vec<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_on_the_official_driver_reads_and_writes_through_every_phase() {
     let world = World::start().await;
-    let front = RoutedFront::start(&world).await;
+    let front = RoutedFront::start(&world, "front test").await;
     let client = front.client().await;
     let orders = client.database("shop").collection::<Document>("orders");
     // The front registered a router for the routed collection, as a front.
@@ -215,17 +134,17 @@ async fn an_application_on_the_official_driver_reads_and_writes_through_every_ph
     );
 
     // Move to the backfill: the hot customer's documents are still in the source layout.
-    advance(
-        &world,
-        &front,
-        &[
-            Phase::DualRead,
-            Phase::WriteSwitch,
-            Phase::NewWrites,
-            Phase::Backfill,
-        ],
-    )
-    .await;
+    front
+        .advance(
+            &world,
+            &[
+                Phase::DualRead,
+                Phase::WriteSwitch,
+                Phase::NewWrites,
+                Phase::Backfill,
+            ],
+        )
+        .await;
 
     // An update by filter takes the document to the target; the source's image, which
     // matched `total: 30`, is superseded and must not appear any more.
@@ -371,7 +290,7 @@ async fn an_application_on_the_official_driver_reads_and_writes_through_every_ph
 async fn what_the_front_does_not_route_goes_to_the_passthrough_location() {
     let world = World::start().await;
     let passthrough = Passthrough::connect(&world.server.uri()).await.unwrap();
-    let front = RoutedFront::start_with(&world, Some(passthrough)).await;
+    let front = RoutedFront::start_with(&world, "front test", Some(passthrough)).await;
     let client = front.client().await;
     let shop = client.database("shop");
     let events = shop.collection::<Document>("events");
@@ -454,24 +373,24 @@ async fn what_the_front_does_not_route_goes_to_the_passthrough_location() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_back_reads_and_writes_go_on_and_a_cursor_the_switch_outdates_is_killed() {
     let world = World::start().await;
-    let front = RoutedFront::start(&world).await;
+    let front = RoutedFront::start(&world, "front test").await;
     let client = front.client().await;
     let orders = client.database("shop").collection::<Document>("orders");
     let docs: Vec<Document> = (1..=6)
         .map(|i| order(i, "cust-hot", i as i32, "ready"))
         .collect();
     orders.insert_many(docs).await.unwrap();
-    advance(
-        &world,
-        &front,
-        &[
-            Phase::DualRead,
-            Phase::WriteSwitch,
-            Phase::NewWrites,
-            Phase::Backfill,
-        ],
-    )
-    .await;
+    front
+        .advance(
+            &world,
+            &[
+                Phase::DualRead,
+                Phase::WriteSwitch,
+                Phase::NewWrites,
+                Phase::Backfill,
+            ],
+        )
+        .await;
     orders
         .update_one(
             doc! {"customerId": "cust-hot", "_id": 2_i64},

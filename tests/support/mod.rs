@@ -41,6 +41,8 @@ mod shards;
 pub use shards::*;
 mod world;
 pub use world::{StateDb, World};
+mod routed_front;
+pub use routed_front::RoutedFront;
 
 /// An `assert_cmd::Command` for the `reshard` binary with `RESHARD_DATABASE_URL` pointing
 /// at `pg` and `RESHARD_LOG` removed from the environment.
