@@ -6,36 +6,14 @@
 
 mod support;
 
-use std::process::{Command, Output};
-
 use mongodb::bson::{doc, Document};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
-use support::{StateDb, World};
-
-fn reshard(db: &StateDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_reshard"))
-        .env("RESHARD_DATABASE_URL", db.url())
-        .env_remove("DATABASE_URL")
-        .env_remove("RESHARD_LOG")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(db: &StateDb, args: &[&str]) -> String {
-    let out = reshard(db, args);
-    assert!(
-        out.status.success(),
-        "reshard {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::{reshard, reshard_ok, StateDb, World};
 
 fn json(db: &StateDb, args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
     all.extend(["--output", "json"]);
-    serde_json::from_str(&ok(db, &all)).unwrap()
+    serde_json::from_str(&reshard_ok(db, &all)).unwrap()
 }
 
 fn location(v: &RoutingVersion, tenant: &str, id: &str) -> Location {
@@ -89,7 +67,7 @@ async fn a_plain_write_after_the_switch_is_found_blocks_new_reads_and_recopy_car
     let id = w.migration.to_string();
     let seeded = seed(&w, 80).await;
     let router = w.router(reshard::router::RouterConfig::named("app")).await;
-    ok(&w.db, &["migration", "advance", &id, "--to", "dual_read"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "dual_read"]);
 
     // Before the switch the source is authoritative and routers write it plainly: a plain
     // write there is no bypass (the backfill carries whatever the source holds).
@@ -100,11 +78,11 @@ async fn a_plain_write_after_the_switch_is_found_blocks_new_reads_and_recopy_car
         .unwrap();
     assert!(open_bypasses(&w.db, &id).is_empty());
 
-    ok(
+    reshard_ok(
         &w.db,
         &["migration", "advance", &id, "--to", "write_switch"],
     );
-    ok(&w.db, &["migration", "advance", &id, "--to", "backfill"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "backfill"]);
     w.work().await;
 
     // After the copy, a plain client (a cron job that never heard of reshard) writes to the
@@ -181,7 +159,7 @@ async fn a_plain_write_after_the_switch_is_found_blocks_new_reads_and_recopy_car
     // Status counts them; the gate to new_reads refuses while they are open.
     let status = json(&w.db, &["migration", "status", &id]);
     assert_eq!(status["bypasses"]["open"], 4, "{status:#}");
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
     let refused = reshard(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -201,7 +179,7 @@ async fn a_plain_write_after_the_switch_is_found_blocks_new_reads_and_recopy_car
     assert_eq!(no_reason.status.code(), Some(2));
 
     for x in [uid.as_str(), did.as_str(), nid, "stray-1"] {
-        ok(
+        reshard_ok(
             &w.db,
             &[
                 "bypass", "resolve", &id, "--id", x, "--action", "recopy", "--reason", "cron job",
@@ -241,8 +219,8 @@ async fn a_plain_write_after_the_switch_is_found_blocks_new_reads_and_recopy_car
         .unwrap();
     assert_eq!(plain, 0);
 
-    ok(&w.db, &["reconcile", &id, "--full"]);
-    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    reshard_ok(&w.db, &["reconcile", &id, "--full"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
     let status = json(&w.db, &["migration", "status", &id]);
     assert_eq!(status["bypasses"]["open"], 0);
     // The four, and the removal of the plain copy from s4 that recopying the stray made
@@ -266,7 +244,7 @@ async fn a_watch_that_cannot_resume_records_a_gap_that_only_an_operator_can_clos
     let id = w.migration.to_string();
     seed(&w, 10).await;
     for phase in ["dual_read", "write_switch"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     // The stored position of the target-only location is no longer a valid token (as when
     // the server's history no longer reaches back to it).
@@ -307,7 +285,7 @@ async fn a_watch_that_cannot_resume_records_a_gap_that_only_an_operator_can_clos
     assert_eq!(refused.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("--action ignore"), "{stderr}");
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "bypass",
@@ -339,12 +317,12 @@ async fn the_cleaners_deletes_are_ours_even_read_with_a_view_older_than_its_clai
     let id = w.migration.to_string();
     let seeded = seed(&w, 80).await;
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     w.work().await;
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
-    ok(&w.db, &["reconcile", &id, "--full"]);
-    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["reconcile", &id, "--full"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
     let moved = seeded
         .iter()
         .filter(|(t, i)| location(&w.v1, t, i) != location(&w.v2, t, i))
@@ -356,7 +334,7 @@ async fn the_cleaners_deletes_are_ours_even_read_with_a_view_older_than_its_clai
     // holds.
     let before = w.store.migration(w.migration).await.unwrap();
     assert!(before.cleanup_planned_at.is_none());
-    ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
     let watches = w.store.watches(w.migration).await.unwrap();
     let held = w
         .store
@@ -419,5 +397,5 @@ async fn the_cleaners_deletes_are_ours_even_read_with_a_view_older_than_its_clai
     );
     assert_eq!(rest.bypasses, 0, "{rest:?}");
     assert!(open_bypasses(&w.db, &id).is_empty());
-    ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);
 }

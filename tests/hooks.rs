@@ -6,35 +6,15 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reshard::phase::Action;
 use reshard::store::events::{EventKind, NewEvent};
-use support::{StateDb, World};
-
-fn reshard(db: &StateDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_reshard"))
-        .env("RESHARD_DATABASE_URL", db.url())
-        .env_remove("DATABASE_URL")
-        .env_remove("RESHARD_LOG")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(db: &StateDb, args: &[&str]) -> String {
-    let out = reshard(db, args);
-    assert!(
-        out.status.success(),
-        "reshard {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::{reshard, reshard_ok, StateDb, World};
 
 fn hooks(db: &StateDb, id: &str) -> Vec<serde_json::Value> {
-    let out = ok(db, &["hook", "list", id, "--output", "json"]);
+    let out = reshard_ok(db, &["hook", "list", id, "--output", "json"]);
     serde_json::from_str::<serde_json::Value>(&out)
         .unwrap()
         .as_array()
@@ -81,7 +61,7 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
     let dir = scratch("cli");
     let rec = dir.join("rec.ndjson");
     let record = format!("cat >> '{}'", rec.display());
-    ok(
+    reshard_ok(
         db,
         &[
             "hook",
@@ -96,7 +76,7 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
         ],
     );
     // A failing hook whose stderr carries a credential.
-    ok(
+    reshard_ok(
         db,
         &[
             "hook",
@@ -165,7 +145,7 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
     assert_eq!(added.details["timeout"], hook(db, &id, "rec")["timeout"]);
 
     // A move delivers: the recording hook gets it, the broken one fails and the move stands.
-    ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
+    reshard_ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
     let got = received(&rec);
     assert_eq!(kinds(&got), ["advance"], "{got:?}");
     assert_eq!(got[0]["event"]["from_phase"], "planned");
@@ -214,13 +194,13 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
         )
         .await
         .unwrap();
-    ok(db, &["hook", "deliver", &id]);
-    ok(db, &["hook", "deliver", &id]);
+    reshard_ok(db, &["hook", "deliver", &id]);
+    reshard_ok(db, &["hook", "deliver", &id]);
     let got = received(&rec);
     assert_eq!(kinds(&got), ["advance", "fail"], "{got:?}");
     assert_eq!(got[1]["event"]["reason"], "the test failed it");
     assert_eq!(got[1]["migration"]["failure"], "the test failed it");
-    ok(db, &["migration", "resume", &id]);
+    reshard_ok(db, &["migration", "resume", &id]);
 
     // A running worker delivers what workers record (a capacity signal) within seconds.
     let mut worker = Command::new(env!("CARGO_BIN_EXE_reshard"))
@@ -260,7 +240,7 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
     // the fix and a resume, its events are delivered.
     let allow = dir.join("allow");
     let gate_cmd = format!("cat > /dev/null; test -f '{}'", allow.display());
-    ok(
+    reshard_ok(
         db,
         &[
             "hook",
@@ -287,7 +267,7 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
     let gate = hook(db, &id, "gate");
     assert_eq!(gate["failures"], 1);
     assert!(gate["held_at_event"].is_i64(), "{gate}");
-    ok(db, &["hook", "deliver", &id]);
+    reshard_ok(db, &["hook", "deliver", &id]);
     assert_eq!(hook(db, &id, "gate")["failures"], 1, "retried while paused");
     let refused = reshard(db, &["migration", "advance", &id, "--to", "backfill"]);
     assert!(
@@ -296,12 +276,12 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
     );
 
     std::fs::write(&allow, "").unwrap();
-    ok(db, &["migration", "resume", &id]);
-    ok(db, &["hook", "deliver", &id]);
+    reshard_ok(db, &["migration", "resume", &id]);
+    reshard_ok(db, &["hook", "deliver", &id]);
     let gate = hook(db, &id, "gate");
     assert_eq!(gate["deliveries"], 2, "write_switch and new_writes: {gate}");
     assert!(gate["held_at_event"].is_null());
-    ok(db, &["migration", "advance", &id, "--to", "backfill"]);
+    reshard_ok(db, &["migration", "advance", &id, "--to", "backfill"]);
     assert_eq!(hook(db, &id, "gate")["deliveries"], 3);
 
     // Everything the recording hook wanted, in the log's order, once each.
@@ -324,7 +304,7 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
         .collect();
     assert!(ids.windows(2).all(|p| p[0] < p[1]), "{ids:?}");
 
-    ok(db, &["hook", "remove", &id, "gate"]);
+    reshard_ok(db, &["hook", "remove", &id, "gate"]);
     assert_eq!(hooks(db, &id).len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -375,7 +355,7 @@ steps:
     std::fs::write(&file, playbook).unwrap();
     let file = file.to_string_lossy().into_owned();
 
-    ok(db, &["run", &file]);
+    reshard_ok(db, &["run", &file]);
     let got = received(&rec);
     assert_eq!(kinds(&got), ["advance", "approval_requested"], "{got:?}");
     assert_eq!(got[1]["event"]["details"]["step"], "go-ahead");
@@ -389,11 +369,11 @@ steps:
     assert_eq!(listed[0]["origin"], "playbook");
 
     // Stopping at the same gate again announces nothing new.
-    ok(db, &["run", &file]);
+    reshard_ok(db, &["run", &file]);
     assert_eq!(received(&rec).len(), 2);
 
-    ok(db, &["approve", "invoices-hooks", "--step", "go-ahead"]);
-    ok(db, &["run", &file]);
+    reshard_ok(db, &["approve", "invoices-hooks", "--step", "go-ahead"]);
+    reshard_ok(db, &["run", &file]);
     let got = received(&rec);
     assert_eq!(
         kinds(&got),
@@ -407,7 +387,7 @@ steps:
     let start = text.find("hooks:").unwrap();
     let end = text.find("steps:").unwrap();
     std::fs::write(&file, format!("{}{}", &text[..start], &text[end..])).unwrap();
-    ok(db, &["run", &file]);
+    reshard_ok(db, &["run", &file]);
     assert!(hooks(db, &id).is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -440,10 +420,10 @@ async fn a_driver_restarted_inside_the_write_switch_finishes_it_before_any_hook_
     let id = w.migration.to_string();
     let dir = scratch("switch");
     let rec = dir.join("rec.ndjson");
-    ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
+    reshard_ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
     // A slow hook that records the migration as it finds it when it runs.
     let slow = format!("cat >> '{}'; sleep 2", rec.display());
-    ok(
+    reshard_ok(
         db,
         &[
             "hook",
@@ -457,7 +437,7 @@ async fn a_driver_restarted_inside_the_write_switch_finishes_it_before_any_hook_
             &slow,
         ],
     );
-    ok(
+    reshard_ok(
         db,
         &[
             "hook",
@@ -484,7 +464,7 @@ async fn a_driver_restarted_inside_the_write_switch_finishes_it_before_any_hook_
         .await
         .unwrap();
     // Nothing delivers while writes are held, whoever asks.
-    ok(db, &["hook", "deliver", &id]);
+    reshard_ok(db, &["hook", "deliver", &id]);
     assert!(received(&rec).is_empty(), "{:?}", received(&rec));
     assert_eq!(hook(db, &id, "gate")["failures"], 0);
 
@@ -523,7 +503,7 @@ async fn hooks_that_do_not_block_run_after_the_move() {
     let dir = scratch("after");
     let rec = dir.join("rec.ndjson");
     let slow = format!("cat >> '{}'; sleep 1", rec.display());
-    ok(
+    reshard_ok(
         db,
         &[
             "hook",
@@ -546,7 +526,7 @@ async fn hooks_that_do_not_block_run_after_the_move() {
         )
         .await
         .unwrap();
-    ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
+    reshard_ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
     let got = received(&rec);
     assert_eq!(kinds(&got), ["capacity_signal"], "{got:?}");
     assert_eq!(
@@ -567,7 +547,7 @@ async fn failure_hooks_hear_timed_out_barriers_and_failed_soaks() {
     let dir = scratch("failures");
     let rec = dir.join("failures.ndjson");
     let record = format!("cat >> '{}'", rec.display());
-    ok(
+    reshard_ok(
         db,
         &[
             "hook",
@@ -676,7 +656,7 @@ async fn failure_hooks_hear_timed_out_barriers_and_failed_soaks() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    ok(db, &["migration", "advance", &id, "--to", "write_switch"]);
+    reshard_ok(db, &["migration", "advance", &id, "--to", "write_switch"]);
     late.abort();
     beating.abort();
     let events = w.store.events(w.migration).await.unwrap();

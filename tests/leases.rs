@@ -5,32 +5,13 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, oid::ObjectId, Bson, Document};
 use reshard::routing::KeyValue;
 use reshard::store::partitions::{Partition, PartitionState, Task};
-use support::{heavy_tests_enabled, StateDb, World};
-
-fn reshard(db: &StateDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_reshard"))
-        .env("RESHARD_DATABASE_URL", db.url())
-        .env_remove("DATABASE_URL")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(db: &StateDb, args: &[&str]) -> String {
-    let out = reshard(db, args);
-    assert!(
-        out.status.success(),
-        "reshard {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::{heavy_tests_enabled, reshard_ok, StateDb, World};
 
 fn example_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -258,7 +239,7 @@ async fn a_rollback_with_four_second_leases_finishes_with_a_holder_killed() {
     ];
     tokio::time::sleep(Duration::from_secs(2)).await;
     let per_partition = (documents / 4).to_string();
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "migration",
@@ -269,14 +250,14 @@ async fn a_rollback_with_four_second_leases_finishes_with_a_holder_killed() {
         ],
     );
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     let forward = WorkerProcess::start(&w.db, &id, "forward", "4s");
     until_done(&w, Task::Backfill, Duration::from_secs(120), &[&forward]).await;
     drop(forward);
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
-    ok(&w.db, &["reconcile", &id, "--full", "--lease-ttl", "4s"]);
-    ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["reconcile", &id, "--full", "--lease-ttl", "4s"]);
+    reshard_ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
 
     let mut a = WorkerProcess::start(&w.db, &id, "revert-a", "4s");
     let b = WorkerProcess::start(&w.db, &id, "revert-b", "4s");
@@ -295,7 +276,7 @@ async fn a_rollback_with_four_second_leases_finishes_with_a_holder_killed() {
         "no revert partition was taken over from the killed holder: {}",
         describe(&partitions)
     );
-    ok(
+    reshard_ok(
         &w.db,
         &["migration", "advance", &id, "--to", "revert_switch"],
     );
@@ -380,7 +361,7 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
     let w = World::start().await;
     let id = w.migration.to_string();
     let seeded = seed(&w, 300).await;
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "migration",
@@ -390,7 +371,7 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
             "100000",
         ],
     );
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "throttle",
@@ -405,7 +386,7 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
     let app = App::start(&w.db, 21, 40, 900);
     tokio::time::sleep(Duration::from_secs(2)).await;
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
 
     // The backfill.
@@ -432,7 +413,7 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
     }
 
     // A full reconciliation, its process SIGKILLed and the run resumed by another.
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_reshard"))
         .env("RESHARD_DATABASE_URL", w.db.url())
         .args([
@@ -471,7 +452,7 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
     child.kill().unwrap();
     child.wait().unwrap();
     let run_text = run.to_string();
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "reconcile",
@@ -494,9 +475,9 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
     assert_eq!(runs[0].passed, Some(true), "{:?}", runs[0].summary);
 
     // Cleanup, its ledger counted against what the source held when it started.
-    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
     let moved = moved_in_source(&w).await;
-    ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
     let mut d = WorkerProcess::start(&w.db, &id, "cleanup-d", SHORT);
     let e = WorkerProcess::start(&w.db, &id, "cleanup-e", SHORT);
     kill_while_holding(&w, Task::Cleanup, &mut d).await;
@@ -519,7 +500,7 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
             describe(&cleanup)
         );
     }
-    ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);
     app.check(&w.db).await;
 
     for (task, partitions) in [
@@ -550,7 +531,7 @@ async fn the_copy_back_finishes_partitions_of_ten_lease_periods_with_a_holder_ki
     let w = World::start().await;
     let id = w.migration.to_string();
     seed(&w, 300).await;
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "migration",
@@ -563,14 +544,14 @@ async fn the_copy_back_finishes_partitions_of_ten_lease_periods_with_a_holder_ki
     let app = App::start(&w.db, 31, 40, 900);
     tokio::time::sleep(Duration::from_secs(2)).await;
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     let forward = WorkerProcess::start(&w.db, &id, "forward", SHORT);
     until_done(&w, Task::Backfill, Duration::from_secs(120), &[&forward]).await;
     drop(forward);
     // The application's writes since the switch are what the copy back carries.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "throttle",
@@ -582,14 +563,14 @@ async fn the_copy_back_finishes_partitions_of_ten_lease_periods_with_a_holder_ki
             "10",
         ],
     );
-    ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
+    reshard_ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
     let mut a = WorkerProcess::start(&w.db, &id, "revert-a", SHORT);
     let b = WorkerProcess::start(&w.db, &id, "revert-b", SHORT);
     kill_while_holding(&w, Task::Revert, &mut a).await;
     let c = WorkerProcess::start(&w.db, &id, "revert-c", SHORT);
     until_done(&w, Task::Revert, Duration::from_secs(240), &[&a, &b, &c]).await;
     let revert = w.store.partitions(w.migration, Task::Revert).await.unwrap();
-    ok(
+    reshard_ok(
         &w.db,
         &["migration", "advance", &id, "--to", "revert_switch"],
     );
@@ -630,7 +611,7 @@ async fn a_cleanup_whose_row_is_locked_longer_than_its_lease_keeps_an_exact_ledg
     let w = World::start().await;
     let id = w.migration.to_string();
     seed(&w, 600).await;
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "migration",
@@ -641,14 +622,14 @@ async fn a_cleanup_whose_row_is_locked_longer_than_its_lease_keeps_an_exact_ledg
         ],
     );
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     w.work().await;
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
-    ok(&w.db, &["reconcile", &id, "--sample", "50"]);
-    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["reconcile", &id, "--sample", "50"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
     let moved = moved_in_source(&w).await;
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "throttle",
@@ -660,7 +641,7 @@ async fn a_cleanup_whose_row_is_locked_longer_than_its_lease_keeps_an_exact_ledg
             "10",
         ],
     );
-    ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
 
     let mut config = reshard::backfill::WorkerConfig::new("locked-out");
     config.migration = Some(w.migration);
@@ -734,7 +715,7 @@ async fn a_cleanup_whose_row_is_locked_longer_than_its_lease_keeps_an_exact_ledg
             describe(&cleanup)
         );
     }
-    let status: serde_json::Value = serde_json::from_str(&ok(
+    let status: serde_json::Value = serde_json::from_str(&reshard_ok(
         &w.db,
         &["migration", "status", &id, "--output", "json"],
     ))
@@ -798,7 +779,7 @@ async fn a_partition_that_keeps_timing_out_is_reported_as_stalled_and_then_finis
             .await
             .unwrap();
     }
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "migration",
@@ -809,7 +790,7 @@ async fn a_partition_that_keeps_timing_out_is_reported_as_stalled_and_then_finis
         ],
     );
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     // Every copy the workers send is held for longer than a 2 s lease leaves a command.
     w.server
@@ -867,7 +848,7 @@ async fn a_partition_that_keeps_timing_out_is_reported_as_stalled_and_then_finis
     };
     let reason = event.reason.clone().unwrap_or_default();
     assert!(reason.contains("did not finish within"), "{reason}");
-    let status: serde_json::Value = serde_json::from_str(&ok(
+    let status: serde_json::Value = serde_json::from_str(&reshard_ok(
         &w.db,
         &["migration", "status", &id, "--output", "json"],
     ))
@@ -876,7 +857,7 @@ async fn a_partition_that_keeps_timing_out_is_reported_as_stalled_and_then_finis
     assert_eq!(stalled["task"], "backfill", "{status:#}");
     assert!(stalled["stalls"].as_i64().unwrap() >= 3, "{status:#}");
     assert!(stalled["timeouts"].as_i64().unwrap() >= 2, "{status:#}");
-    let text = ok(&w.db, &["migration", "status", &id]);
+    let text = reshard_ok(&w.db, &["migration", "status", &id]);
     assert!(text.contains("stalled"), "{text}");
     let scraped = reqwest_text(port).await;
     assert!(
@@ -933,7 +914,7 @@ async fn a_worker_with_nothing_to_do_says_so_and_exits_when_done_unless_a_playbo
     let w = World::start().await;
     let id = w.migration.to_string();
     seed(&w, 60).await;
-    ok(&w.db, &["migration", "advance", &id, "--to", "dual_read"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "dual_read"]);
     let worker = |extra: &[&str]| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_reshard"));
         c.env("RESHARD_DATABASE_URL", w.db.url())
@@ -994,7 +975,7 @@ async fn a_worker_with_nothing_to_do_says_so_and_exits_when_done_unless_a_playbo
     let child = worker(&["--exit-when-done"]).spawn().unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     for phase in ["write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     let out = tokio::time::timeout(
         Duration::from_secs(60),
@@ -1024,9 +1005,9 @@ async fn a_worker_with_nothing_to_do_says_so_and_exits_when_done_unless_a_playbo
     drop(lock);
 
     // Paused: nothing comes until an operator resumes it.
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
-    ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
-    ok(&w.db, &["migration", "pause", &id, "--reason", "test"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["migration", "rollback", &id, "--reason", "test"]);
+    reshard_ok(&w.db, &["migration", "pause", &id, "--reason", "test"]);
     let said = exits(worker(&["--exit-when-done"])).await;
     assert!(
         said.contains("nothing to do") && said.contains("paused"),
@@ -1057,7 +1038,7 @@ async fn a_worker_started_before_a_shard_exists_connects_to_it_when_a_migration_
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let s5 = format!("{}_s5", support::MongoServer::database_name());
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "shard",
@@ -1085,7 +1066,7 @@ async fn a_worker_started_before_a_shard_exists_connects_to_it_when_a_migration_
     )
     .unwrap();
     for file in [&v1, &v2] {
-        ok(
+        reshard_ok(
             &w.db,
             &[
                 "version",
@@ -1105,7 +1086,7 @@ async fn a_worker_started_before_a_shard_exists_connects_to_it_when_a_migration_
         .insert_many(docs)
         .await
         .unwrap();
-    let created = ok(
+    let created = reshard_ok(
         &w.db,
         &[
             "--output",
@@ -1125,7 +1106,7 @@ async fn a_worker_started_before_a_shard_exists_connects_to_it_when_a_migration_
         .unwrap_or_else(|| panic!("{created}"))
         .to_string();
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     let migration: i64 = id.parse().unwrap();
     let started = Instant::now();

@@ -6,33 +6,14 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Document};
 use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::store::partitions::{PartitionState, Task};
-use support::{heavy_tests_enabled, StateDb, World};
-
-fn reshard(db: &StateDb, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_reshard"))
-        .env("RESHARD_DATABASE_URL", db.url())
-        .env_remove("DATABASE_URL")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(db: &StateDb, args: &[&str]) -> String {
-    let out = reshard(db, args);
-    assert!(
-        out.status.success(),
-        "reshard {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::{heavy_tests_enabled, reshard, reshard_ok, World};
 
 fn location(v: &RoutingVersion, tenant: &str, id: &str) -> (Location, u32) {
     let l = v
@@ -97,7 +78,7 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
     .await
     .unwrap();
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     // The application deletes two old orders while the backfill has not copied them: their
     // tombstones must keep cleanup from resurrecting or losing anything.
@@ -106,10 +87,10 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
         assert!(router.delete(tenant.as_str(), oid.as_str()).await.unwrap());
     }
     w.work().await;
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
-    ok(&w.db, &["reconcile", &id, "--sample", "50"]);
-    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
-    ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["reconcile", &id, "--sample", "50"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
     w.work().await;
     let totals = w
         .store
@@ -125,7 +106,7 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
         totals.deleted + totals.kept + totals.dead_lettered,
         "{totals:?}"
     );
-    let status: serde_json::Value = serde_json::from_str(&ok(
+    let status: serde_json::Value = serde_json::from_str(&reshard_ok(
         &w.db,
         &["migration", "status", &id, "--output", "json"],
     ))
@@ -138,7 +119,7 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
         status["cleanup"]["partitions_done"].as_i64(),
         Some(totals.partitions)
     );
-    ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "completed"]);
 
     let mut moved = 0;
     for (tenant, oid) in &seeded {
@@ -174,7 +155,7 @@ async fn forward_through_cleanup_deletes_exactly_what_moved_and_purges_tombstone
             "tombstones left in {t}"
         );
     }
-    let history = ok(&w.db, &["migration", "history", &id, "--output", "json"]);
+    let history = reshard_ok(&w.db, &["migration", "history", &id, "--output", "json"]);
     for kind in ["cleanup_planned", "tombstones_purged"] {
         assert!(history.contains(kind), "no {kind} event: {history}");
     }
@@ -203,12 +184,12 @@ async fn cleanup_stops_and_fails_the_migration_when_a_target_copy_is_missing() {
     let id = w.migration.to_string();
     let seeded = seed(&w, 120).await;
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     w.work().await;
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
-    ok(&w.db, &["reconcile", &id, "--full"]);
-    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["reconcile", &id, "--full"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
     // After the passing run, someone deletes a copy from the target by hand.
     let (tenant, lost) = seeded
         .iter()
@@ -226,17 +207,20 @@ async fn cleanup_stops_and_fails_the_migration_when_a_target_copy_is_missing() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("bypasses_resolved"), "{stderr}");
     // An operator ignores it (wrongly): the cleaner's own check is the last line of defence.
-    let listed: serde_json::Value =
-        serde_json::from_str(&ok(&w.db, &["--output", "json", "bypass", "list", &id])).unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&reshard_ok(
+        &w.db,
+        &["--output", "json", "bypass", "list", &id],
+    ))
+    .unwrap();
     assert_eq!(listed[0]["_id"], lost.as_str(), "{listed:#}");
     assert_eq!(listed[0]["operation"], "delete", "{listed:#}");
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "bypass", "resolve", &id, "--id", lost, "--action", "ignore", "--reason", "test",
         ],
     );
-    ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
     w.work().await;
 
     let m = w.store.migration(w.migration).await.unwrap();
@@ -264,7 +248,7 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
     let id = w.migration.to_string();
     seed(&w, 300).await;
     // Slow enough that the rollback lands in the middle of the backfill.
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "throttle",
@@ -296,7 +280,7 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
     let pause = Duration::from_secs(2);
     tokio::time::sleep(pause).await;
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
         tokio::time::sleep(pause).await;
     }
     let worker = Command::new(env!("CARGO_BIN_EXE_reshard"))
@@ -333,7 +317,7 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
         [format!("migration advance {id} --to revert_switch")],
         "{hint}"
     );
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "throttle",
@@ -364,7 +348,7 @@ async fn a_rollback_mid_backfill_keeps_every_acknowledged_write_in_the_source() 
     );
     for args in &advances {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        ok(&w.db, &args);
+        reshard_ok(&w.db, &args);
     }
     let m = w.store.migration(w.migration).await.unwrap();
     assert_eq!(m.phase().as_str(), "rolled_back");
@@ -418,12 +402,12 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
     let id = w.migration.to_string();
     let seeded = seed(&w, 300).await;
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(&w.db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(&w.db, &["migration", "advance", &id, "--to", phase]);
     }
     w.work().await;
-    ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "reconcile"]);
     // Slow, so that the kill lands in the middle of the run.
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "throttle",
@@ -477,7 +461,7 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
     assert!(done_before > 0);
 
     // A second process takes over once the lease expires, from the checkpoints.
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "throttle",
@@ -489,7 +473,7 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
             "500",
         ],
     );
-    ok(
+    reshard_ok(
         &w.db,
         &[
             "reconcile",
@@ -536,5 +520,5 @@ async fn a_killed_full_reconciliation_is_resumed_from_its_checkpoints() {
     let runs = w.store.reconciliation_runs(w.migration).await.unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].passed, Some(true), "{:?}", runs[0].summary);
-    ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
+    reshard_ok(&w.db, &["migration", "advance", &id, "--to", "new_reads"]);
 }

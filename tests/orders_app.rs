@@ -11,20 +11,12 @@ use std::time::Duration;
 use mongodb::bson::{doc, Document};
 use reshard::routing::KeyValue;
 use reshard::store::partitions::Task;
-use support::{heavy_tests_enabled, StateDb, World};
+use support::{heavy_tests_enabled, reshard, World};
 
 fn example_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     dir.join("examples").join("orders_app")
-}
-
-fn reshard(db: &StateDb, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_reshard"))
-        .env("RESHARD_DATABASE_URL", db.url())
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[tokio::test]

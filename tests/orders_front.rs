@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use mongodb::bson::{doc, Document};
 use reshard::routing::KeyValue;
 use reshard::store::partitions::Task;
-use support::{heavy_tests_enabled, StateDb, World};
+use support::{heavy_tests_enabled, reshard_ok, World};
 
 fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -77,26 +77,6 @@ fn clean_check(what: &str, command: &mut Command) -> serde_json::Value {
     assert_eq!(report["check"]["lost"].as_array().unwrap().len(), 0);
     assert_eq!(report["check"]["resurrected"].as_array().unwrap().len(), 0);
     report
-}
-
-fn reshard(db: &StateDb, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_reshard"))
-        .env("RESHARD_DATABASE_URL", db.url())
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(db: &StateDb, args: &[&str]) -> String {
-    let out = reshard(db, args);
-    assert!(
-        out.status.success(),
-        "reshard {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Kills the front when the test ends, whatever way it ends.
@@ -203,10 +183,10 @@ async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_comple
     let pause = Duration::from_secs(seconds / 10);
     tokio::time::sleep(pause).await;
     for phase in ["dual_read", "write_switch", "backfill"] {
-        ok(db, &["migration", "advance", &id, "--to", phase]);
+        reshard_ok(db, &["migration", "advance", &id, "--to", phase]);
         tokio::time::sleep(pause).await;
     }
-    ok(
+    reshard_ok(
         db,
         &["worker", &id, "--exit-when-done", "--lease-ttl", "5s"],
     );
@@ -215,8 +195,8 @@ async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_comple
         totals.partitions > 0 && totals.done == totals.partitions && totals.inserted > 0,
         "{totals:?}"
     );
-    ok(db, &["migration", "advance", &id, "--to", "reconcile"]);
-    ok(
+    reshard_ok(db, &["migration", "advance", &id, "--to", "reconcile"]);
+    reshard_ok(
         db,
         &[
             "reconcile",
@@ -227,10 +207,10 @@ async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_comple
             "500ms",
         ],
     );
-    ok(db, &["migration", "advance", &id, "--to", "new_reads"]);
+    reshard_ok(db, &["migration", "advance", &id, "--to", "new_reads"]);
     tokio::time::sleep(pause).await;
-    ok(db, &["migration", "advance", &id, "--to", "cleanup"]);
-    ok(
+    reshard_ok(db, &["migration", "advance", &id, "--to", "cleanup"]);
+    reshard_ok(
         db,
         &["worker", &id, "--exit-when-done", "--lease-ttl", "5s"],
     );
@@ -239,7 +219,7 @@ async fn an_app_on_the_official_driver_loses_nothing_through_the_front_to_comple
         cleanup.partitions > 0 && cleanup.done == cleanup.partitions && cleanup.deleted > 0,
         "{cleanup:?}"
     );
-    ok(db, &["migration", "advance", &id, "--to", "completed"]);
+    reshard_ok(db, &["migration", "advance", &id, "--to", "completed"]);
     assert_eq!(
         store.migration(migration).await.unwrap().phase().as_str(),
         "completed"

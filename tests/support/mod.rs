@@ -40,7 +40,7 @@ pub use containers::*;
 mod shards;
 pub use shards::*;
 mod world;
-pub use world::{StateDb, World};
+pub use world::{reshard, reshard_ok, StateDb, World};
 mod routed_front;
 pub use routed_front::RoutedFront;
 

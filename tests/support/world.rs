@@ -49,6 +49,32 @@ impl StateDb {
     }
 }
 
+/// Runs the `reshard` binary against `db` (`RESHARD_DATABASE_URL`; `DATABASE_URL` and
+/// `RESHARD_LOG` removed from its environment) and returns what it did.
+pub fn reshard(db: &StateDb, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", db.url())
+        .env_remove("DATABASE_URL")
+        .env_remove("RESHARD_LOG")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// As [`reshard`], failing the test with the command's output unless it succeeds; returns
+/// its standard output.
+pub fn reshard_ok(db: &StateDb, args: &[&str]) -> String {
+    let out = reshard(db, args);
+    assert!(
+        out.status.success(),
+        "reshard {args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub struct World {
     pub db: StateDb,
     pub server: MongoServer,
