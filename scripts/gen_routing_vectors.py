@@ -2,7 +2,7 @@
 """Generate tests/vectors/routing.json: routing test vectors for reshard.
 
 The vectors are computed here, independently of the Rust implementation, from
-the rules in the repository's DESIGN.md ("Routing") and the reference `xxhash` package, so that
+the rules in the project's design document ("Routing") and the reference `xxhash` package, so that
 `tests/routing_vectors.rs` checks the Rust code against a second
 implementation, and applications in other languages can check theirs.
 

@@ -1,4 +1,4 @@
-//! What `planned` prepares before routers may read the target (the repository's DESIGN.md "Phases"): the target
+//! What `planned` prepares before routers may read the target (the project's design document, "Phases"): the target
 //! collections, created with the source's collection options ([`crate::collection_options`]
 //! decides which are carried and which refuse the migration) and its indexes, and the tenant
 //! key index that tenant-scoped backfill scans read through. Every location is read before

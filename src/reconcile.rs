@@ -1,4 +1,4 @@
-//! Reconciliation: evidence that the target holds everything the source held (the repository's DESIGN.md
+//! Reconciliation: evidence that the target holds everything the source held (the project's design document
 //! "Reconciliation"), and repair of what it finds.
 //!
 //! A run checks, per source location in the backfill's scope:

@@ -1,6 +1,6 @@
 //! How fast the copy may write: the adaptive rate and its token bucket.
 //!
-//! This module owns the rate arithmetic of the throttle in the repository's DESIGN.md, and nothing else: no clock
+//! This module owns the rate arithmetic of the throttle in the project's design document, and nothing else: no clock
 //! (every method takes `now`), no I/O, no settings storage. The applied rate starts at the
 //! configured maximum; an overload rejection or a batch slower than the target latency halves
 //! it (down to a floor); every healthy interval without either adds a step back, up to the

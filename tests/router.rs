@@ -1,4 +1,4 @@
-//! The router on real servers: the races of the repository's DESIGN.md forced step by step, leases, and tenant
+//! The router on real servers: the races of the project's design document forced step by step, leases, and tenant
 //! listings under concurrent writes in every phase.
 
 mod support;

@@ -1,4 +1,4 @@
-//! Property tests of the routing rules' consequences (the repository's DESIGN.md, "Routing"):
+//! Property tests of the routing rules' consequences (the project's design document, "Routing"):
 //! a one-bucket tenant sits where plain tenant hashing puts it, and doubling a
 //! tenant's buckets moves only documents whose new sub-bucket is at or above the
 //! old count — about half of them. Failing seeds are printed and persisted by

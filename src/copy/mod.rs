@@ -1,7 +1,7 @@
 //! Moving documents in bulk: the backfill's copy, cleanup's deletes and stamping in place.
 //!
 //! This module owns the write path from a batch of statements to per-statement results
-//! (the repository's DESIGN.md, "Backfill"):
+//! (the project's design document, "Backfill"):
 //!
 //! - [`classify`] decides, from codes and labels only, what a failed statement means:
 //!   already present, transient, overload, or permanent. Pure and table-tested.

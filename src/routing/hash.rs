@@ -1,7 +1,7 @@
 //! The hash function and the two hash rules built on it.
 //!
 //! These are the only places where bytes become numbers, so they are written
-//! to match the repository's DESIGN.md word for word; every other part of routing is table lookups.
+//! to match the project's design document word for word; every other part of routing is table lookups.
 
 use std::num::NonZeroU32;
 

@@ -8,7 +8,7 @@
 //! property-tested and checked against the language-neutral test vectors in
 //! `tests/vectors/routing.json`.
 //!
-//! The rules (the repository's DESIGN.md, "Routing"):
+//! The rules (the project's design document, "Routing"):
 //!
 //! - `h(bytes)` is xxHash64 with seed 0 ([`hash`]);
 //! - keys are encoded by type ([`KeyValue::encode`]);

@@ -21,7 +21,7 @@ use super::{sub_bucket, vbucket, KeyValue, RoutingError};
 
 /// The id field when a version does not name one.
 pub const DEFAULT_ID_FIELD: &str = "_id";
-/// The number of virtual buckets the repository's DESIGN.md suggests for a new collection.
+/// The number of virtual buckets the project's design document suggests for a new collection.
 pub const DEFAULT_VIRTUAL_BUCKETS: u32 = 1024;
 
 /// One place documents can live: a collection on a shard.
