@@ -18,14 +18,7 @@ fn fixture(name: &str) -> PathBuf {
 
 /// Runs `reshard` against `db` and returns its output, whatever the exit code.
 fn reshard(db: &PgDb, args: &[&str]) -> Output {
-    assert_cmd::Command::cargo_bin("reshard")
-        .unwrap()
-        .env("RESHARD_DATABASE_URL", db.url())
-        .env_remove("DATABASE_URL")
-        .env_remove("RESHARD_LOG")
-        .args(args)
-        .output()
-        .unwrap()
+    support::bin(db).args(args).output().unwrap()
 }
 
 /// Runs `reshard ... --output json`, requires exit 0 and parses stdout.

@@ -42,10 +42,8 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::ReturnDocument;
 use mongodb::{Client, Collection};
-use reshard::phase::Phase;
-use reshard::router::Router;
 use serde_json::Value;
-use support::{RoutedFront, World};
+use support::{RoutedFront, World, TO_BACKFILL};
 
 #[path = "support/clients.rs"]
 mod clients;
@@ -754,19 +752,7 @@ async fn four_clients_get_from_the_front_what_one_plain_server_answers() {
     }
 
     // The backfill: reads merge the target over the source, writes go to the target.
-    let routers = front.routers().await;
-    let refs: Vec<&Router> = routers.iter().collect();
-    world
-        .advance(
-            &refs,
-            &[
-                Phase::DualRead,
-                Phase::WriteSwitch,
-                Phase::NewWrites,
-                Phase::Backfill,
-            ],
-        )
-        .await;
+    front.advance(&world, &TO_BACKFILL).await;
     let through = Target {
         uri: &front_uri,
         database: "shop",

@@ -19,7 +19,7 @@ use mongodb::options::FindOptions;
 use reshard::phase::Phase;
 use reshard::router::Router;
 use reshard::shards::passthrough::Passthrough;
-use support::{RoutedFront, World};
+use support::{RoutedFront, World, TO_BACKFILL};
 
 /// The MongoDB error code of a failed driver call.
 fn code_of(e: &mongodb::error::Error) -> i32 {
@@ -134,17 +134,7 @@ async fn an_application_on_the_official_driver_reads_and_writes_through_every_ph
     );
 
     // Move to the backfill: the hot customer's documents are still in the source layout.
-    front
-        .advance(
-            &world,
-            &[
-                Phase::DualRead,
-                Phase::WriteSwitch,
-                Phase::NewWrites,
-                Phase::Backfill,
-            ],
-        )
-        .await;
+    front.advance(&world, &TO_BACKFILL).await;
 
     // An update by filter takes the document to the target; the source's image, which
     // matched `total: 30`, is superseded and must not appear any more.
@@ -380,17 +370,7 @@ async fn rolling_back_reads_and_writes_go_on_and_a_cursor_the_switch_outdates_is
         .map(|i| order(i, "cust-hot", i as i32, "ready"))
         .collect();
     orders.insert_many(docs).await.unwrap();
-    front
-        .advance(
-            &world,
-            &[
-                Phase::DualRead,
-                Phase::WriteSwitch,
-                Phase::NewWrites,
-                Phase::Backfill,
-            ],
-        )
-        .await;
+    front.advance(&world, &TO_BACKFILL).await;
     orders
         .update_one(
             doc! {"customerId": "cust-hot", "_id": 2_i64},

@@ -40,24 +40,25 @@ pub use containers::*;
 mod shards;
 pub use shards::*;
 mod world;
-pub use world::{reshard, reshard_ok, StateDb, World};
+pub use world::{reshard, reshard_ok, StateDb, World, TO_BACKFILL};
 mod routed_front;
 pub use routed_front::RoutedFront;
 
 /// An `assert_cmd::Command` for the `reshard` binary with `RESHARD_DATABASE_URL` pointing
-/// at `pg` and `RESHARD_LOG` removed from the environment.
+/// at `pg`, otherwise as [`bin_without_db`].
 pub fn bin(pg: &PgDb) -> assert_cmd::Command {
     let mut cmd = bin_without_db();
     cmd.env("RESHARD_DATABASE_URL", pg.url());
     cmd
 }
 
-/// An `assert_cmd::Command` for the `reshard` binary with neither `RESHARD_DATABASE_URL`
-/// nor `RESHARD_LOG` set.
+/// An `assert_cmd::Command` for the `reshard` binary with none of `RESHARD_DATABASE_URL`,
+/// `DATABASE_URL` (its fallback) and `RESHARD_LOG` set.
 pub fn bin_without_db() -> assert_cmd::Command {
     // Same file as `Command::cargo_bin("reshard")`, resolved at compile time.
     let mut cmd = assert_cmd::Command::new(env!("CARGO_BIN_EXE_reshard"));
     cmd.env_remove("RESHARD_DATABASE_URL");
+    cmd.env_remove("DATABASE_URL");
     cmd.env_remove("RESHARD_LOG");
     cmd
 }

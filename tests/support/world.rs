@@ -17,6 +17,15 @@ use reshard::store::Store;
 
 use super::{MongoServer, PgDb, PrivatePg};
 
+/// The phases from `planned` to `backfill`, in order: where routers read both layouts and
+/// write the new one while the copy runs.
+pub const TO_BACKFILL: [Phase; 4] = [
+    Phase::DualRead,
+    Phase::WriteSwitch,
+    Phase::NewWrites,
+    Phase::Backfill,
+];
+
 /// Where a [`World`] keeps its state.
 pub enum StateDb {
     /// A fresh database on the shared server.
@@ -49,13 +58,11 @@ impl StateDb {
     }
 }
 
-/// Runs the `reshard` binary against `db` (`RESHARD_DATABASE_URL`; `DATABASE_URL` and
-/// `RESHARD_LOG` removed from its environment) and returns what it did.
+/// Runs the `reshard` binary against `db` ([`super::bin_without_db`] with
+/// `RESHARD_DATABASE_URL`) and returns what it did, whatever the exit code.
 pub fn reshard(db: &StateDb, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_reshard"))
+    super::bin_without_db()
         .env("RESHARD_DATABASE_URL", db.url())
-        .env_remove("DATABASE_URL")
-        .env_remove("RESHARD_LOG")
         .args(args)
         .output()
         .unwrap()
