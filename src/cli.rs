@@ -12,7 +12,8 @@ use crate::phase::Phase;
 const EXIT_CODES: &str = "\
 Exit codes:
   0  done
-  1  the operation failed (a gate is closed, a server failed)
+  1  the operation failed (a gate is closed, a server or the state store failed or
+     cannot be reached)
   2  bad input or usage; nothing was changed
 
 Environment:
@@ -129,17 +130,35 @@ pub enum Command {
     Plan(PlanArgs),
     /// Copy again the documents the latest reconciliation run found missing or mismatched.
     Repair {
+        /// The migration whose findings are repaired.
         id: i64,
         /// Repair the findings of this run (default: the latest finished run).
         #[arg(long)]
         run: Option<i64>,
+    },
+    /// Print a shell completion script to stdout, e.g.
+    /// `reshard completion bash > ~/.local/share/bash-completion/completions/reshard`.
+    Completion {
+        /// The shell the script is for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout (`reshard man > reshard.1; man ./reshard.1`), or
+    /// with --dir write one page per command there (reshard.1, reshard-migration.1, ...).
+    Man {
+        /// Write every command's page into this directory instead.
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum PlaybookCommand {
     /// Check a playbook: every problem at once, each with file:line:column; exit 2 on any.
-    Validate { file: PathBuf },
+    Validate {
+        /// The playbook (YAML).
+        file: PathBuf,
+    },
     /// Print the JSON Schema of playbooks (for editors).
     Schema,
 }
@@ -301,7 +320,9 @@ pub enum StratifyArg {
 pub enum ReconcileCommand {
     /// A run's verdict, strata and findings (the latest run unless --run).
     Show {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
+        /// The reconciliation run to show (default: the latest).
         #[arg(long)]
         run: Option<i64>,
     },
@@ -354,6 +375,7 @@ pub enum ThrottleCommand {
     Show(MigrationId),
     /// Change settings; running workers apply them within 2 seconds.
     Set {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// Documents per second across all workers.
         #[arg(long)]
@@ -386,12 +408,15 @@ pub enum ThrottleCommand {
 pub enum DeadletterCommand {
     /// Dead letters of a migration (open ones unless --all).
     List {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
+        /// Every entry, resolved ones too (default: the open ones).
         #[arg(long)]
         all: bool,
     },
     /// Read the documents again from the source and write them again.
     Retry {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// Every open dead letter.
         #[arg(long, conflicts_with = "doc_id", required_unless_present = "doc_id")]
@@ -402,10 +427,12 @@ pub enum DeadletterCommand {
     },
     /// Accept that a document will not be copied; the reason goes to the event log.
     Skip {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// The `_id` as `deadletter list` shows it.
         #[arg(long = "id", value_name = "ID")]
         doc_id: String,
+        /// Why, for the event log.
         #[arg(long)]
         reason: String,
     },
@@ -416,12 +443,15 @@ pub enum BypassCommand {
     /// Writes that bypassed the router (open ones unless --all), after reading every
     /// location's change stream to its end.
     List {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
+        /// Every entry, resolved ones too (default: the open ones).
         #[arg(long)]
         all: bool,
     },
     /// Resolve a bypass: recopy the write by the protocol's rules, or ignore it.
     Resolve {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// The bypass's number, as `bypass list` shows it.
         #[arg(
@@ -450,6 +480,7 @@ pub enum HookCommand {
     /// JSON object on stdin (and RESHARD_EVENT_KIND, RESHARD_MIGRATION, ... in the
     /// environment). `reshard worker` and every move deliver events; so does `hook deliver`.
     Add {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// What `hook list`, the event log and `hook remove` call it.
         #[arg(long, value_parser = parse_hook_name)]
@@ -471,11 +502,22 @@ pub enum HookCommand {
         timeout: Duration,
     },
     /// The migration's hooks: what they are on, deliveries, failures and the last error.
-    List { id: i64 },
+    List {
+        /// The migration's id (as `reshard migration list` shows it).
+        id: i64,
+    },
     /// Remove a hook.
-    Remove { id: i64, name: String },
+    Remove {
+        /// The migration's id (as `reshard migration list` shows it).
+        id: i64,
+        /// The hook's name (as `reshard hook list` shows it).
+        name: String,
+    },
     /// Deliver every event recorded so far to the migration's hooks now.
-    Deliver { id: i64 },
+    Deliver {
+        /// The migration's id (as `reshard migration list` shows it).
+        id: i64,
+    },
 }
 
 /// The parsed `--on` of `hook add`.
@@ -525,6 +567,7 @@ pub enum BypassAction {
 pub enum RoutersCommand {
     /// Each router: its epoch, lease age and reported latencies.
     List {
+        /// Only this collection (DATABASE.COLLECTION).
         #[arg(long)]
         collection: Option<String>,
     },
@@ -577,15 +620,20 @@ pub enum ShardCommand {
     /// List registered shards.
     List,
     /// Remove a shard that no routing version uses.
-    Remove { name: String },
+    Remove {
+        /// The shard's name (as `reshard shard list` shows it).
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum VersionCommand {
     /// Validate a version spec (YAML) and store it as the collection's next version.
     Create {
+        /// The collection (DATABASE.COLLECTION).
         #[arg(long)]
         collection: String,
+        /// The routing version's YAML file.
         #[arg(long)]
         file: PathBuf,
         /// Validate and show the result without storing it.
@@ -594,11 +642,13 @@ pub enum VersionCommand {
     },
     /// List versions, of one collection or all.
     List {
+        /// Only this collection (DATABASE.COLLECTION).
         #[arg(long)]
         collection: Option<String>,
     },
     /// Show one version (the latest when --version is not given).
     Show {
+        /// The collection (DATABASE.COLLECTION).
         #[arg(long)]
         collection: String,
         #[arg(long)]
@@ -610,6 +660,7 @@ pub enum VersionCommand {
 pub enum MigrationCommand {
     /// Plan a migration of a collection to a routing version.
     Create {
+        /// The collection (DATABASE.COLLECTION).
         #[arg(long)]
         collection: String,
         /// Target routing version.
@@ -621,6 +672,7 @@ pub enum MigrationCommand {
     },
     /// List migrations (active ones unless --all).
     List {
+        /// Every migration, finished ones too (default: the ones under way).
         #[arg(long)]
         all: bool,
     },
@@ -628,6 +680,7 @@ pub enum MigrationCommand {
     Show(MigrationId),
     /// Move a migration to its next phase, if the move is allowed and its gates hold.
     Advance {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// The phase to move to.
         #[arg(long, value_parser = parse_phase)]
@@ -651,6 +704,7 @@ pub enum MigrationCommand {
     /// new_reads into reverting, where routers mirror writes to the source and workers copy
     /// the application's target writes back. Refused once cleanup has started.
     Rollback {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// Check the move and its gates, and change nothing.
         #[arg(long)]
@@ -667,13 +721,17 @@ pub enum MigrationCommand {
     },
     /// Stop workers from taking new work; routers are unaffected.
     Pause {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
+        /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
     },
     /// Resume a paused or failed migration.
     Resume {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
+        /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
     },
@@ -683,6 +741,7 @@ pub enum MigrationCommand {
     /// would pass; progress goes to stderr. Exit 0 when reached, 1 on timeout or when the
     /// migration ended elsewhere (e.g. rolled back while waiting for completed).
     Wait {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// A phase (planned, dual_read, ..., completed, reverting, revert_switch, rolled_back)
         /// or a gate (routers_acknowledged, backfill_complete, reconciliation_passed,
@@ -696,6 +755,7 @@ pub enum MigrationCommand {
     /// Gate thresholds, cleanup options, shadow reads and the backfill's partition size stored
     /// with the migration.
     Configure {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// Missing documents a passing reconciliation run may find (default 0).
         #[arg(long)]
@@ -725,11 +785,13 @@ pub enum MigrationCommand {
         /// reconcile; mismatches hold the reconcile gate shut (default 0: off).
         #[arg(long, value_name = "PERCENT")]
         shadow_reads: Option<f64>,
+        /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
     },
     /// Progress: phase, per-shard and per-partition counters, docs/s, ETA, rates, workers.
     Status {
+        /// The migration's id (as `reshard migration list` shows it).
         id: i64,
         /// Refresh every second until the migration ends (Ctrl-C to stop): bars for the task
         /// the phase runs (backfill, full reconciliation, cleanup waves, revert) on a terminal,
@@ -744,6 +806,7 @@ pub enum MigrationCommand {
 
 #[derive(Debug, Args)]
 pub struct MigrationId {
+    /// The migration's id (as `reshard migration list` shows it).
     pub id: i64,
 }
 
@@ -753,10 +816,14 @@ pub enum RouteCommand {
     ///
     /// Keys: plain text is a string; int:42, oid:<24 hex>, uuid:<uuid>, hex:<bytes>, str:<text>.
     Explain {
+        /// The collection (DATABASE.COLLECTION).
         #[arg(long)]
         collection: String,
+        /// The tenant key's value (`int:42`, `oid:<24 hex>`, `uuid:...`, `str:...`; plain
+        /// text is a string).
         #[arg(long)]
         tenant: String,
+        /// The document's `_id`, written as --tenant is.
         #[arg(long)]
         id: String,
         /// Locate in this version only (default: the versions the current phase uses).

@@ -45,7 +45,7 @@ pub fn whole(d: Duration, unit: Unit) -> Result<u64, String> {
     if nanos == 0 {
         return Err(format!("use at least 1{suffix}"));
     }
-    if nanos % per != 0 {
+    if !nanos.is_multiple_of(per) {
         return Err(format!(
             "use whole {name} (e.g. {}{suffix})",
             nanos.div_ceil(per)

@@ -57,11 +57,22 @@ pub async fn run(cli: Cli) -> ExitCode {
         _ => logging::DEFAULT_FILTER,
     };
     logging::init(cli.log_format, default_filter);
+    // Under `--output json` or `--log-format json`, stderr is read by a program: the error
+    // is one JSON object there too.
+    let json_errors =
+        cli.output == cli::OutputFormat::Json || cli.log_format == cli::LogFormat::Json;
     match commands::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // Messages can quote a connection string; redact once more at the edge.
-            eprintln!("error: {}", redact::redact_uri(&err.to_string()));
+            if json_errors {
+                eprintln!("{}", err.to_json());
+            } else {
+                eprintln!("error: {}", redact::redact_uri(&err.to_string()));
+                if let Some(hint) = err.hint() {
+                    eprintln!("hint: {hint}");
+                }
+            }
             err.exit_code()
         }
     }

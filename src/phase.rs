@@ -165,6 +165,23 @@ impl Phase {
         }
     }
 
+    /// Whether some sequence of allowed moves leads from `self` to `to` (`self` itself
+    /// excluded): `cleanup` does not lead to `rolled_back`, `new_reads` does.
+    pub fn leads_to(self, to: Phase) -> bool {
+        let mut seen = vec![self];
+        let mut next: Vec<Phase> = self.next().to_vec();
+        while let Some(p) = next.pop() {
+            if p == to {
+                return true;
+            }
+            if !seen.contains(&p) {
+                seen.push(p);
+                next.extend_from_slice(p.next());
+            }
+        }
+        false
+    }
+
     /// Gates that must hold to move from `self` to `to`. Only meaningful for allowed moves.
     pub fn gates_to(self, to: Phase) -> &'static [Gate] {
         use Gate::*;
@@ -491,6 +508,40 @@ pub fn plan(state: &MigrationState, action: &Action) -> Result<Change, MoveError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rollback_is_reachable_until_cleanup_and_from_the_rollback_path_itself() {
+        use Phase::*;
+        let can: Vec<Phase> = Phase::ALL
+            .iter()
+            .copied()
+            .filter(|p| p.leads_to(RolledBack))
+            .collect();
+        assert_eq!(
+            can,
+            [
+                Planned,
+                DualRead,
+                WriteSwitch,
+                NewWrites,
+                Backfill,
+                Reconcile,
+                NewReads,
+                Reverting,
+                RevertSwitch
+            ]
+        );
+        assert!(!Cleanup.leads_to(RolledBack));
+        assert!(Cleanup.leads_to(Completed));
+        assert!(
+            !Completed.leads_to(Completed),
+            "a phase leads nowhere by itself"
+        );
+        assert!(
+            DualRead.leads_to(DualRead),
+            "dual_read -> write_switch -> dual_read"
+        );
+    }
 
     fn running(phase: Phase) -> MigrationState {
         MigrationState {

@@ -173,7 +173,7 @@ impl Plan {
 
 fn plan(seed: u64) -> Plan {
     let mut rng = StdRng::seed_from_u64(seed);
-    let rollback_from = if seed % 2 == 0 {
+    let rollback_from = if seed.is_multiple_of(2) {
         None
     } else {
         Some(["new_writes", "backfill", "reconcile", "new_reads"][rng.gen_range(0..4)])
@@ -1146,7 +1146,7 @@ async fn run_one(seed: u64, seed_orders: usize, rate: u32) -> Outcome {
 }
 
 fn tenant_name(i: usize, rng: &mut StdRng) -> String {
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         "cust-hot".into()
     } else {
         format!("cust-{:04}", rng.gen_range(2..40))

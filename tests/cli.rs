@@ -1393,3 +1393,118 @@ async fn an_empty_actor_is_the_operating_system_user() {
         }
     }
 }
+
+/// A local port that nothing listens on (bound, then let go).
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[test]
+fn a_state_store_that_cannot_be_reached_fails_at_once_with_why_exit_1_and_a_hint() {
+    let port = closed_port();
+    let url = format!("postgres://admin:s3cret-pw@127.0.0.1:{port}/reshard");
+    let out = support::bin_without_db()
+        .args(["--database-url", &url, "shard", "list"])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    // Not bad input: the command was right, the store did not answer.
+    assert_eq!(code(&out), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "error: cannot reach the state store postgres://admin:***@127.0.0.1:{port}/reshard"
+        )),
+        "{err}"
+    );
+    // The reason, not the pool's timeout that hid it.
+    assert!(!err.contains("pool timed out"), "{err}");
+    assert!(err.to_lowercase().contains("refused"), "{err}");
+    assert!(
+        err.contains("\nhint: check that PostgreSQL is running at that host and port"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret-pw"), "{err}");
+}
+
+/// The one JSON object an error is on stderr under `--output json` (or `--log-format json`).
+fn json_error(out: &Output) -> Value {
+    let err = stderr(out);
+    let line = err.trim();
+    assert!(!line.contains('\n'), "more than one line on stderr:\n{err}");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("stderr is not JSON ({e}): {err}"))
+}
+
+#[test]
+fn under_json_output_an_error_is_one_object_with_its_code_message_hint_and_exit() {
+    let port = closed_port();
+    let down = format!("postgres://admin:s3cret-pw@127.0.0.1:{port}/reshard");
+    let out = support::bin_without_db()
+        .args(["--database-url", &down, "--output", "json", "shard", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1);
+    assert!(out.stdout.is_empty());
+    let e = &json_error(&out)["error"];
+    assert_eq!(e["code"], "store_unreachable", "{e}");
+    assert_eq!(e["exit"], 1, "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("postgres://admin:***@127.0.0.1:"), "{e}");
+    assert!(!message.contains("s3cret-pw"), "{e}");
+    assert!(
+        e["hint"].as_str().is_some_and(|h| h.contains("PostgreSQL")),
+        "{e}"
+    );
+
+    // A database the server does not have: waiting does not cure it, so it is bad input.
+    let missing = "postgres://postgres@127.0.0.1:5432/reshard_no_such_database";
+    let out = support::bin_without_db()
+        .args([
+            "--database-url",
+            missing,
+            "--log-format",
+            "json",
+            "shard",
+            "list",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let e = &json_error(&out)["error"];
+    assert_eq!(e["code"], "store_refused", "{e}");
+    assert_eq!(e["exit"], 2, "{e}");
+    assert!(
+        e["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("database name")),
+        "{e}"
+    );
+
+    // Bad input that is not the store's: the generic code, no hint.
+    let out = support::bin_without_db()
+        .args(["--output", "json", "shard", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2);
+    let e = &json_error(&out)["error"];
+    assert_eq!(e["code"], "bad_input", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("no state store given"),
+        "{e}"
+    );
+    assert!(e["hint"].is_null(), "{e}");
+
+    // Text output keeps the text form.
+    let out = support::bin_without_db()
+        .args(["shard", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).starts_with("error: no state store given"),
+        "{}",
+        stderr(&out)
+    );
+}

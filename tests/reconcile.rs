@@ -408,7 +408,7 @@ fn make_docs(hot: usize, tenants: usize, per_tenant: usize) -> Vec<Document> {
             "_id": format!("o-{n:06}"),
             "customerId": tenant,
             "total": (n % 997) as i32,
-            "status": if n % 3 == 0 { "open" } else { "paid" },
+            "status": if n.is_multiple_of(3) { "open" } else { "paid" },
             "lines": [ { "sku": format!("sku-{}", n % 41), "qty": (n % 5) as i32 + 1 } ],
             "bucket": 0_i32,
         });

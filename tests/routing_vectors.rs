@@ -116,7 +116,7 @@ fn check_case(index: usize, case: &Case) -> Result<(), String> {
             case.sub_bucket, case.vbucket
         ));
     }
-    let version = version_for(case, index % 2 == 0);
+    let version = version_for(case, index.is_multiple_of(2));
     let located = version
         .locate(&case.tenant, &case.id)
         .map_err(|error| format!("locate failed: {error}"))?;

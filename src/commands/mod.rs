@@ -7,6 +7,7 @@ mod db;
 mod deadletter;
 mod exporter;
 mod front;
+mod help;
 mod hook;
 mod migration;
 mod playbook;
@@ -32,9 +33,12 @@ pub struct Ctx {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
-    // Reading and checking a playbook needs no state store.
-    if let Command::Playbook(cmd) = cli.command {
-        return playbook::run(cli.output, cmd);
+    // Reading and checking a playbook, and the shell's and man's pages, need no state store.
+    match cli.command {
+        Command::Playbook(cmd) => return playbook::run(cli.output, cmd),
+        Command::Completion { shell } => return help::completion(shell),
+        Command::Man { dir } => return help::man(dir.as_deref()),
+        _ => {}
     }
     // The front connects to the state store itself (waiting for it), when it has one.
     let front_url = database_url(&cli).ok();
@@ -63,7 +67,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Bypass(cmd) => bypass::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Hook(cmd) => hook::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Reconcile(args) => reconcile::run(&ctx(url, output, actor).await?, args).await,
-        Command::Playbook(_) | Command::Front(_) => unreachable!("handled above"),
+        Command::Playbook(_)
+        | Command::Front(_)
+        | Command::Completion { .. }
+        | Command::Man { .. } => unreachable!("handled above"),
         Command::Run(args) => playbook::run_file(&ctx(url, output, actor).await?, args).await,
         Command::Approve { name, step, reason } => {
             playbook::approve(&ctx(url, output, actor).await?, &name, &step, reason).await

@@ -223,6 +223,7 @@ pub struct CapacityDoc {
     pub headroom: Option<f64>,
     /// A document field with its write time: rates are measured over `window` from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub timestamp_field: Option<String>,
     /// How far back `timestamp_field` counts writes (`1h`; default `10m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -440,6 +441,7 @@ pub struct SoakWith {
 pub struct ApproveDoc {
     /// Shown to whoever approves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub message: Option<String>,
 }
 
@@ -1337,10 +1339,32 @@ fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
              cleanup), or list the steps to run",
         );
     }
+    // A target that routes every document where the source does moves nothing: the
+    // migration would run every phase for no change (a copy of the source pasted twice).
+    if let (Some(Source::Spec(from)), Some(to)) = (&source, &target) {
+        if serde_json::to_value(from).ok() == serde_json::to_value(to).ok() {
+            problems.add(
+                "target",
+                "the target is the same layout as source.spec: it moves nothing; change its \
+                 placement, buckets or routing field",
+            );
+        }
+    }
     let settings = settings(&doc.settings, problems);
     if let Some(capacity) = &doc.capacity {
         if let Some(w) = &capacity.window {
             duration(w, "capacity.window", problems);
+        }
+        if capacity
+            .timestamp_field
+            .as_ref()
+            .is_some_and(|f| f.trim().is_empty())
+        {
+            problems.add(
+                "capacity.timestamp_field",
+                "empty; name the field that holds each document's write time (say createdAt), \
+                 or leave timestamp_field out",
+            );
         }
         for (i, rate) in capacity.tenant_rates.iter().enumerate() {
             if KeyValue::from_yaml(&rate.tenant).is_none() {
@@ -1447,9 +1471,18 @@ fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
                     .as_ref()
                     .and_then(|d| duration(d, &format!("{path}.soak.overload_for"), problems)),
             }),
-            StepKindDoc::Approve(a) => Action::Approve {
-                message: a.message.clone(),
-            },
+            StepKindDoc::Approve(a) => {
+                if a.message.as_ref().is_some_and(|m| m.trim().is_empty()) {
+                    problems.add(
+                        format!("{path}.approve.message"),
+                        "empty; say what the approver agrees to (shown by `reshard run` and \
+                         in the event log), or leave message out",
+                    );
+                }
+                Action::Approve {
+                    message: a.message.clone(),
+                }
+            }
             StepKindDoc::Complete(c) => Action::Complete {
                 timeout: opt_duration(
                     &c.timeout,
@@ -1469,6 +1502,15 @@ fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<Playbook> {
                         format!(
                             "step {name:?} comes after steps[{at}], which ends the migration \
                              ({before}); nothing can follow it"
+                        ),
+                    );
+                } else if to == Phase::RolledBack && !before.leads_to(Phase::RolledBack) {
+                    problems.add(
+                        path.clone(),
+                        format!(
+                            "step {name:?} rolls back after steps[{at}] reached {before}, from \
+                             which a migration cannot roll back (cleanup deletes from the \
+                             source); roll back before that step, or remove this one"
                         ),
                     );
                 } else if to != Phase::RolledBack && forward_rank(to) < forward_rank(before) {

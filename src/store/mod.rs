@@ -39,6 +39,10 @@ pub const CHANNEL: &str = "reshard_migrations";
 pub enum StoreError {
     #[error("cannot reach the state store {url}: {reason}")]
     Unreachable { url: Redacted, reason: String },
+    /// The URL is not a PostgreSQL URL, or the server refused it for good (a wrong password,
+    /// a database that does not exist): waiting does not cure it.
+    #[error("the state store {url} cannot be used: {reason}")]
+    Refused { url: Redacted, reason: String },
     #[error("the state store {url} {state}; run `reshard db migrate` first")]
     SchemaBehind { url: Redacted, state: String },
     #[error("the state store {url} has schema migrations this binary does not know ({unknown}); use a newer reshard")]
@@ -61,22 +65,76 @@ pub enum StoreError {
 
 impl From<StoreError> for Error {
     fn from(err: StoreError) -> Self {
-        match err {
-            StoreError::Unreachable { .. }
-            | StoreError::SchemaBehind { .. }
-            | StoreError::SchemaAhead { .. }
-            | StoreError::NotFound(_)
-            | StoreError::Conflict(_)
-            | StoreError::Move(_) => Error::BadInput(err.to_string()),
-            StoreError::GateClosed { .. }
-            | StoreError::Lost(_)
-            | StoreError::Sql(_)
-            | StoreError::TimedOut(_) => Error::Failed(anyhow::Error::new(err)),
-        }
+        Error::Store(err)
     }
 }
 
 impl StoreError {
+    /// Whether the request itself is wrong (exit 2, nothing changed) rather than the store
+    /// failing it (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Refused { .. }
+                | StoreError::SchemaBehind { .. }
+                | StoreError::SchemaAhead { .. }
+                | StoreError::NotFound(_)
+                | StoreError::Conflict(_)
+                | StoreError::Move(_)
+        )
+    }
+
+    /// A stable name of the kind, for errors printed as JSON.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StoreError::Unreachable { .. } => "store_unreachable",
+            StoreError::Refused { .. } => "store_refused",
+            StoreError::SchemaBehind { .. } => "store_schema_behind",
+            StoreError::SchemaAhead { .. } => "store_schema_ahead",
+            StoreError::NotFound(_) => "not_found",
+            StoreError::Conflict(_) => "conflict",
+            StoreError::Move(_) => "phase_move_refused",
+            StoreError::GateClosed { .. } => "gate_closed",
+            StoreError::Lost(_) => "concurrent_change",
+            StoreError::Sql(_) => "store_query_failed",
+            StoreError::TimedOut(_) => "store_timed_out",
+        }
+    }
+
+    /// What an operator checks next, where there is something to say.
+    pub fn hint(&self) -> Option<String> {
+        let source = "the URL comes from --database-url, RESHARD_DATABASE_URL or DATABASE_URL";
+        match self {
+            StoreError::Unreachable { .. } => Some(format!(
+                "check that PostgreSQL is running at that host and port and accepts \
+                 connections from here ({source}); nothing was changed"
+            )),
+            StoreError::Refused { .. } => Some(format!(
+                "check the URL's user, password and database name ({source})"
+            )),
+            StoreError::SchemaBehind { .. } => Some("run `reshard db migrate`".into()),
+            StoreError::SchemaAhead { .. } => {
+                Some("use the reshard release that migrated this store, or a newer one".into())
+            }
+            StoreError::GateClosed { .. } => {
+                Some("`reshard migration status ID` shows each gate and what holds it".into())
+            }
+            StoreError::Lost(_) => Some(
+                "another command changed the migration first; read its status and decide again"
+                    .into(),
+            ),
+            StoreError::TimedOut(_) => Some(
+                "the state store is slow or failing over; `reshard migration status ID` shows \
+                 what was recorded before running the command again"
+                    .into(),
+            ),
+            StoreError::NotFound(_)
+            | StoreError::Conflict(_)
+            | StoreError::Move(_)
+            | StoreError::Sql(_) => None,
+        }
+    }
+
     /// Whether the state store could not be reached or is going through a restart or
     /// failover (connections refused or dropped, the pool timed out, the server shutting down
     /// or starting up): a wait and a retry may succeed.
@@ -136,10 +194,13 @@ fn unreachable(url: &Redacted, reason: String) -> StoreError {
 
 /// The connection options of `url`, and the options of reshard's pools.
 fn pool_options(url: &Redacted) -> StoreResult<(PgPoolOptions, PgConnectOptions)> {
-    let options: PgConnectOptions = url
-        .expose()
-        .parse()
-        .map_err(|e: sqlx::Error| unreachable(url, format!("not a PostgreSQL URL ({e})")))?;
+    let options: PgConnectOptions =
+        url.expose()
+            .parse()
+            .map_err(|e: sqlx::Error| StoreError::Refused {
+                url: url.clone(),
+                reason: crate::redact::redact_uri(&format!("not a PostgreSQL URL ({e})")),
+            })?;
     let options = options
         .application_name("reshard")
         .log_statements(tracing::log::LevelFilter::Trace);
@@ -151,14 +212,20 @@ fn pool_options(url: &Redacted) -> StoreResult<(PgPoolOptions, PgConnectOptions)
 
 impl Store {
     /// Connects without checking the schema (for `db migrate` and `db status`).
+    ///
+    /// One connection of its own is opened first ([`Store::check_reachable`]), so a store that
+    /// is down fails at once with the reason (connection refused, no such host) rather than
+    /// after the pool's acquire timeout with "pool timed out".
     pub async fn connect_unchecked(url: &str) -> StoreResult<Store> {
-        let url = Redacted::new(url);
-        let (pool, options) = pool_options(&url)?;
-        let pool = pool
-            .connect_with(options)
-            .await
-            .map_err(|e| unreachable(&url, e.to_string()))?;
-        Ok(Store { pool, url })
+        let store = Store::connect_lazy(url)?;
+        store.check_reachable().await.map_err(|e| match e {
+            StoreError::Sql(e) => StoreError::Refused {
+                url: store.url.clone(),
+                reason: crate::redact::redact_uri(&e.to_string()),
+            },
+            other => other,
+        })?;
+        Ok(store)
     }
 
     /// A store whose pool connects on first use: only a URL that is not a PostgreSQL URL is
