@@ -281,3 +281,32 @@ fn the_readme_playbook_example_is_valid() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The hint that points the YAML language server (VS Code, Neovim, Helix, JetBrains) to the
+/// schema file beside the examples.
+const EDITOR_HINT: &str = "# yaml-language-server: $schema=./schema.json";
+
+#[test]
+fn editors_find_the_schema_every_example_names_and_it_is_what_the_binary_prints() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("playbooks/schema.json");
+    let committed: Value = serde_json::from_str(
+        &std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display())),
+    )
+    .expect("playbooks/schema.json is JSON");
+    assert_eq!(
+        committed,
+        schema(),
+        "playbooks/schema.json is not what `reshard playbook schema` prints; \
+         run `reshard playbook schema > playbooks/schema.json`"
+    );
+    assert_eq!(schema()["$id"], "urn:reshard:schema:playbook:v1");
+    for example in examples() {
+        let text = std::fs::read_to_string(&example).unwrap();
+        assert_eq!(
+            text.lines().next(),
+            Some(EDITOR_HINT),
+            "{} does not start with the editor's schema hint",
+            example.display()
+        );
+    }
+}

@@ -509,9 +509,23 @@ impl JsonSchema for StepDoc {
 
 /// The JSON Schema of playbooks, generated from the types above: editors use it, and
 /// [`parse_playbook`] checks every playbook's shape against it.
+///
+/// Its `$id` names the format (`apiVersion: reshard/v1`); `playbooks/schema.json` is this
+/// schema as a file, which the example playbooks point editors to with a first line
+/// `# yaml-language-server: $schema=./schema.json` (the YAML language server's hint, read by
+/// VS Code's YAML extension, Neovim's and Helix's yaml-language-server, and JetBrains IDEs).
 pub fn schema() -> serde_json::Value {
-    serde_json::to_value(schemars::schema_for!(PlaybookDoc)).expect("the schema serialises")
+    let mut schema =
+        serde_json::to_value(schemars::schema_for!(PlaybookDoc)).expect("the schema serialises");
+    if let Some(object) = schema.as_object_mut() {
+        object.insert("$id".into(), SCHEMA_ID.into());
+    }
+    schema
 }
+
+/// The `$id` of the playbook schema: the format's name, a URN since the schema is shipped
+/// with the binary (`reshard playbook schema`) and in the repository, not served.
+pub const SCHEMA_ID: &str = "urn:reshard:schema:playbook:v1";
 
 // ---------------------------------------------------------------------------------------------
 // The playbook, resolved.
