@@ -15,17 +15,29 @@ pub const EXIT_FAILED: u8 = 1;
 /// Exit code of a command refused for bad input or usage; nothing was changed.
 pub const EXIT_BAD_INPUT: u8 = 2;
 
+/// An error that knows its kind: a stable code, a hint, and whether it is bad input. The
+/// state store's errors are one (`store::StoreError`); this module names none of them, so it
+/// stays below every module that returns it.
+pub trait Kind: std::error::Error + Send + Sync + 'static {
+    /// A stable name of the kind, for errors printed as JSON (`store_unreachable`, ...).
+    fn code(&self) -> &'static str;
+    /// What an operator checks next, where there is something to say.
+    fn hint(&self) -> Option<String>;
+    /// Whether the request itself is wrong (exit 2, nothing changed) rather than failed.
+    fn is_bad_input(&self) -> bool;
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request itself is wrong (a bad file, an unknown name, a move that is not allowed).
     /// Nothing was changed.
     #[error("{0}")]
     BadInput(String),
-    /// The state store said no or could not answer; its kind decides the exit code (a store
-    /// that cannot be reached is a failure, exit 1; a URL it refuses, or a schema it lacks, is
-    /// bad input, exit 2).
-    #[error(transparent)]
-    Store(crate::store::StoreError),
+    /// An error of a known kind (the state store said no or could not answer); its kind
+    /// decides the exit code (a store that cannot be reached is a failure, exit 1; a URL it
+    /// refuses, or a schema it lacks, is bad input, exit 2).
+    #[error("{0}")]
+    Known(Box<dyn Kind>),
     /// The request was fine but the operation did not succeed.
     #[error("{0:#}")]
     Failed(#[from] anyhow::Error),
@@ -40,20 +52,11 @@ impl Error {
         Error::Failed(anyhow::anyhow!(message.into()))
     }
 
-    /// The state store's error inside, if any (directly, or under an operation's context).
-    fn store(&self) -> Option<&crate::store::StoreError> {
-        match self {
-            Error::Store(e) => Some(e),
-            Error::Failed(e) => e.chain().find_map(|c| c.downcast_ref()),
-            Error::BadInput(_) => None,
-        }
-    }
-
     pub fn exit(&self) -> u8 {
         match self {
             Error::BadInput(_) => EXIT_BAD_INPUT,
-            Error::Store(e) if e.is_bad_input() => EXIT_BAD_INPUT,
-            Error::Store(_) | Error::Failed(_) => EXIT_FAILED,
+            Error::Known(e) if e.is_bad_input() => EXIT_BAD_INPUT,
+            Error::Known(_) | Error::Failed(_) => EXIT_FAILED,
         }
     }
 
@@ -61,19 +64,22 @@ impl Error {
         ExitCode::from(self.exit())
     }
 
-    /// A stable name of the error's kind (`bad_input`, `failed`, or the state store's kind,
-    /// such as `store_unreachable`), for errors printed as JSON.
+    /// A stable name of the error's kind (`bad_input`, `failed`, or a known kind such as
+    /// `store_unreachable`), for errors printed as JSON.
     pub fn code(&self) -> &'static str {
-        match (self, self.store()) {
-            (_, Some(e)) => e.code(),
-            (Error::BadInput(_), None) => "bad_input",
-            _ => "failed",
+        match self {
+            Error::BadInput(_) => "bad_input",
+            Error::Known(e) => e.code(),
+            Error::Failed(_) => "failed",
         }
     }
 
     /// What to check next, where there is something to say.
     pub fn hint(&self) -> Option<String> {
-        self.store().and_then(|e| e.hint())
+        match self {
+            Error::Known(e) => e.hint(),
+            Error::BadInput(_) | Error::Failed(_) => None,
+        }
     }
 
     /// The error as one JSON object (`code`, `message`, `hint`, `exit`), for `--output json`.

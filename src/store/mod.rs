@@ -65,7 +65,21 @@ pub enum StoreError {
 
 impl From<StoreError> for Error {
     fn from(err: StoreError) -> Self {
-        Error::Store(err)
+        Error::Known(Box::new(err))
+    }
+}
+
+impl crate::error::Kind for StoreError {
+    fn code(&self) -> &'static str {
+        StoreError::code(self)
+    }
+
+    fn hint(&self) -> Option<String> {
+        StoreError::hint(self)
+    }
+
+    fn is_bad_input(&self) -> bool {
+        StoreError::is_bad_input(self)
     }
 }
 
