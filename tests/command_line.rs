@@ -2,6 +2,8 @@
 //! with the exit codes, and the shell completion and man page are generated from the same
 //! description.
 
+mod support;
+
 use clap::CommandFactory;
 use reshard::Cli;
 
@@ -56,12 +58,7 @@ fn every_command_that_does_something_is_described() {
 }
 
 fn reshard(args: &[&str]) -> std::process::Output {
-    let out = assert_cmd::Command::new(env!("CARGO_BIN_EXE_reshard"))
-        .env_remove("RESHARD_DATABASE_URL")
-        .env_remove("DATABASE_URL")
-        .args(args)
-        .output()
-        .unwrap();
+    let out = support::bin_without_db().args(args).output().unwrap();
     assert!(
         out.status.success(),
         "reshard {args:?}: {}",
@@ -89,7 +86,7 @@ fn completion_scripts_know_the_commands_and_need_no_state_store() {
             );
         }
     }
-    let out = assert_cmd::Command::new(env!("CARGO_BIN_EXE_reshard"))
+    let out = support::bin_without_db()
         .args(["completion", "tcsh"])
         .output()
         .unwrap();
