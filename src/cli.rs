@@ -128,6 +128,11 @@ pub enum Command {
     },
     /// Estimate what a playbook moves, per shard, and how many buckets hot tenants need.
     Plan(PlanArgs),
+    /// Serve every migration's state as Prometheus metrics, read from the state store
+    /// (phase, epoch, documents left, rate, ETA, open findings, bypasses and dead letters,
+    /// each router's lag): what a dashboard shows between workers too. Runs until
+    /// SIGINT/SIGTERM.
+    Exporter(ExporterArgs),
     /// Copy again the documents the latest reconciliation run found missing or mismatched.
     Repair {
         /// The migration whose findings are repaired.
@@ -150,6 +155,25 @@ pub enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct ExporterArgs {
+    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
+    pub metrics_addr: std::net::SocketAddr,
+    /// How often the state store is read (1s to 1h). A series not refreshed for three
+    /// intervals (a migration deleted, a router forgotten, the store unreachable) is dropped.
+    #[arg(long, default_value = "15s", value_parser = parse_refresh_interval, value_name = "DURATION")]
+    pub interval: Duration,
+}
+
+fn parse_refresh_interval(s: &str) -> Result<Duration, String> {
+    let d = crate::duration::parse(s)?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
+        return Err(format!("{s:?} is outside the allowed range: from 1s to 1h"));
+    }
+    Ok(d)
 }
 
 #[derive(Debug, Subcommand)]

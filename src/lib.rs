@@ -53,7 +53,9 @@ pub use error::{Error, Result};
 /// Runs one command line to completion and returns its exit code (see [`error`]).
 pub async fn run(cli: Cli) -> ExitCode {
     let default_filter = match cli.command {
-        cli::Command::Worker(_) | cli::Command::Front(_) => logging::PROCESS_FILTER,
+        cli::Command::Worker(_) | cli::Command::Front(_) | cli::Command::Exporter(_) => {
+            logging::PROCESS_FILTER
+        }
         _ => logging::DEFAULT_FILTER,
     };
     logging::init(cli.log_format, default_filter);

@@ -168,6 +168,90 @@ pub const METRICS: &[(&str, Kind, &str, &str)] = &[
         "collection, phase",
         "1 for the phase the router applies, 0 for the others it applied before",
     ),
+    (
+        BUILD_INFO,
+        Kind::Gauge,
+        "version",
+        "1, labelled with the version of the reshard binary that serves these metrics",
+    ),
+    (
+        MIGRATION_PHASE,
+        Kind::Gauge,
+        "migration, collection, phase",
+        "exporter: 1 for the migration's phase, 0 for every other phase",
+    ),
+    (
+        MIGRATION_EPOCH,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: the migration's epoch (it grows by one at every phase change)",
+    ),
+    (
+        MIGRATION_PAUSED,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: 1 while the migration is paused",
+    ),
+    (
+        MIGRATION_DOCUMENTS_LEFT,
+        Kind::Gauge,
+        "migration, collection, task",
+        "exporter: documents the phase's task (backfill, verify, cleanup, revert) has left to scan, by the planner's estimate",
+    ),
+    (
+        MIGRATION_RATE,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: documents per second the migration's live workers report (0 with none)",
+    ),
+    (
+        MIGRATION_ETA,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: seconds the phase's task needs at that rate (absent while unknown: no rate or no estimate)",
+    ),
+    (
+        MIGRATION_WORKERS,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: workers holding a live lease on the migration",
+    ),
+    (
+        MIGRATION_FINDINGS_OPEN,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: reconciliation findings not yet repaired or resolved",
+    ),
+    (
+        MIGRATION_BYPASSES_OPEN,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: writes that bypassed the router and are not resolved",
+    ),
+    (
+        MIGRATION_DEAD_LETTERS_OPEN,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: dead letters not retried or skipped",
+    ),
+    (
+        MIGRATION_SHADOW_MISMATCHES_OPEN,
+        Kind::Gauge,
+        "migration, collection",
+        "exporter: shadow-read mismatches not resolved",
+    ),
+    (
+        ROUTER_EPOCHS_BEHIND,
+        Kind::Gauge,
+        "migration, collection, router",
+        "exporter: epochs between the migration's and the one the router acknowledged (its epoch + 1 if it never did); a router behind holds up the next phase change",
+    ),
+    (
+        EXPORTER_REFRESHES,
+        Kind::Counter,
+        "outcome",
+        "exporter: reads of the state store, ok or failed (a failed read keeps the last values until they age out)",
+    ),
 ];
 
 pub const DOCUMENTS_SCANNED: &str = "reshard_documents_scanned_total";
@@ -195,6 +279,20 @@ pub const ROUTER_OPERATIONS: &str = "reshard_router_operations_total";
 pub const ROUTER_OPERATION_SECONDS: &str = "reshard_router_operation_seconds";
 pub const ROUTER_EPOCH: &str = "reshard_router_epoch";
 pub const ROUTER_PHASE: &str = "reshard_router_phase";
+pub const BUILD_INFO: &str = "reshard_build_info";
+pub const MIGRATION_PHASE: &str = "reshard_migration_phase";
+pub const MIGRATION_EPOCH: &str = "reshard_migration_epoch";
+pub const MIGRATION_PAUSED: &str = "reshard_migration_paused";
+pub const MIGRATION_DOCUMENTS_LEFT: &str = "reshard_migration_documents_left";
+pub const MIGRATION_RATE: &str = "reshard_migration_rate_docs_per_second";
+pub const MIGRATION_ETA: &str = "reshard_migration_eta_seconds";
+pub const MIGRATION_WORKERS: &str = "reshard_migration_workers_live";
+pub const MIGRATION_FINDINGS_OPEN: &str = "reshard_migration_findings_open";
+pub const MIGRATION_BYPASSES_OPEN: &str = "reshard_migration_bypasses_open";
+pub const MIGRATION_DEAD_LETTERS_OPEN: &str = "reshard_migration_dead_letters_open";
+pub const MIGRATION_SHADOW_MISMATCHES_OPEN: &str = "reshard_migration_shadow_mismatches_open";
+pub const ROUTER_EPOCHS_BEHIND: &str = "reshard_router_epochs_behind";
+pub const EXPORTER_REFRESHES: &str = "reshard_exporter_refreshes_total";
 
 /// Histogram buckets, in seconds, for every `_seconds` metric.
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -236,6 +334,35 @@ pub fn with_every_family(rendered: &str) -> String {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
     }
     out
+}
+
+/// `reshard_build_info`: set once by every process that serves metrics.
+pub fn build_info() {
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+/// One value the exporter read from the state store: a gauge, its labels, its value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub name: &'static str,
+    pub labels: Vec<(&'static str, String)>,
+    pub value: f64,
+}
+
+/// Sets the gauge a sample names.
+pub fn set(sample: &Sample) {
+    let labels: Vec<metrics::Label> = sample
+        .labels
+        .iter()
+        .map(|(k, v)| metrics::Label::new(*k, v.clone()))
+        .collect();
+    metrics::gauge!(sample.name, labels).set(sample.value);
+}
+
+/// The exporter read the state store (`ok`) or could not.
+pub fn refreshed(ok: bool) {
+    metrics::counter!(EXPORTER_REFRESHES, "outcome" => if ok { "ok" } else { "failed" })
+        .increment(1);
 }
 
 /// One checkpointed batch's ledger.

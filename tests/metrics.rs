@@ -440,3 +440,181 @@ async fn an_idle_worker_names_every_metric_and_counts_its_hooks_by_migration() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Issue 32: `reshard exporter` serves a migration's state from the state store while no
+/// worker runs: its phase, the documents its backfill has left (the same figure as
+/// `migration status`), its rate, the routers' lag, the build's version; and it follows a
+/// change made in the store at its next refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exporter_serves_a_migration_between_its_workers_from_the_store() {
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    seed(&w, 3_000).await;
+    for phase in ["dual_read", "write_switch", "backfill"] {
+        reshard(&w.db, &["migration", "advance", &id, "--to", phase]);
+    }
+    reshard(
+        &w.db,
+        &[
+            "throttle",
+            "set",
+            &id,
+            "--max-docs-per-sec",
+            "400",
+            "--batch-size",
+            "100",
+        ],
+    );
+    // A worker copies part of the backfill and is killed: nothing runs the migration after.
+    let worker = Killed(
+        Command::new(env!("CARGO_BIN_EXE_reshard"))
+            .env("RESHARD_DATABASE_URL", w.db.url())
+            .env_remove("RESHARD_LOG")
+            .args(["worker", &id, "--lease-ttl", "2s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let t = w
+            .store
+            .task_totals(w.migration, Task::Backfill)
+            .await
+            .unwrap();
+        if t.scanned >= 500 && t.done < t.partitions {
+            break;
+        }
+        assert!(
+            t.done < t.partitions || t.partitions == 0,
+            "the backfill ended first: {t:?}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the backfill never started: {t:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(worker);
+    // Its lease runs out: no live worker, a stable figure.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let router = w.router(reshard::router::RouterConfig::named("app")).await;
+
+    let status = Command::new(env!("CARGO_BIN_EXE_reshard"))
+        .env("RESHARD_DATABASE_URL", w.db.url())
+        .env_remove("RESHARD_LOG")
+        .args(["migration", "status", &id, "--output", "json"])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let left = status["progress"]["documents_left"]
+        .as_f64()
+        .expect("an estimate");
+    assert!(left > 0.0, "{status}");
+
+    let port = free_port();
+    let _exporter = Killed(
+        Command::new(env!("CARGO_BIN_EXE_reshard"))
+            .env("RESHARD_DATABASE_URL", w.db.url())
+            .env_remove("RESHARD_LOG")
+            .args([
+                "exporter",
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+                "--interval",
+                "1s",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let m = [("migration", id.as_str())];
+    let started = Instant::now();
+    let body = loop {
+        if let Some((_, body)) = get(port, "/metrics") {
+            if sum(
+                &body,
+                "reshard_exporter_refreshes_total",
+                &[("outcome", "ok")],
+            ) >= 1.0
+            {
+                break body;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the exporter never refreshed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let phase = |body: &str, p: &str| {
+        sum(
+            body,
+            "reshard_migration_phase",
+            &[("migration", id.as_str()), ("phase", p)],
+        )
+    };
+    assert_eq!(phase(&body, "backfill"), 1.0, "{body}");
+    assert_eq!(phase(&body, "planned"), 0.0, "{body}");
+    assert_eq!(
+        sum(
+            &body,
+            "reshard_migration_documents_left",
+            &[("migration", id.as_str()), ("task", "backfill")]
+        ),
+        left,
+        "{body}"
+    );
+    assert_eq!(
+        sum(&body, "reshard_migration_workers_live", &m),
+        0.0,
+        "{body}"
+    );
+    assert_eq!(
+        sum(&body, "reshard_migration_rate_docs_per_second", &m),
+        0.0,
+        "{body}"
+    );
+    assert_eq!(
+        sum(&body, "reshard_migration_epoch", &m),
+        status["epoch"].as_f64().unwrap(),
+        "{body}"
+    );
+    assert_eq!(
+        sum(
+            &body,
+            "reshard_router_epochs_behind",
+            &[("migration", id.as_str()), ("router", "app")]
+        ),
+        0.0,
+        "{body}"
+    );
+    assert!(
+        body.contains("# TYPE reshard_router_epochs_behind gauge"),
+        "{body}"
+    );
+    let version = format!(
+        "reshard_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(body.lines().any(|l| l == version), "{body}");
+
+    // A change in the store shows at the next refresh.
+    assert_eq!(sum(&body, "reshard_migration_paused", &m), 0.0, "{body}");
+    reshard(
+        &w.db,
+        &["migration", "pause", &id, "--reason", "exporter test"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = get(port, "/metrics").unwrap();
+        if sum(&body, "reshard_migration_paused", &m) == 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pause never showed:\n{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    router.shutdown().await;
+}

@@ -76,6 +76,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             playbook::approve(&ctx(url, output, actor).await?, &name, &step, reason).await
         }
         Command::Plan(args) => playbook::plan(&ctx(url, output, actor).await?, args).await,
+        Command::Exporter(args) => exporter::run(&ctx(url, output, actor).await?, args).await,
         Command::Repair { id, run } => {
             reconcile::repair(&ctx(url, output, actor).await?, id, run).await
         }

@@ -387,6 +387,12 @@ fn router_json(r: &RouterRow, epoch: i64) -> serde_json::Value {
     })
 }
 
+/// What `migration status --output json` prints of migration `id` (without its partitions):
+/// what the exporter reads its gauges from.
+pub(super) async fn value(ctx: &Ctx, id: i64) -> Result<serde_json::Value> {
+    Ok(snapshot(ctx, id).await?.0.value)
+}
+
 pub async fn run(ctx: &Ctx, id: i64, watch: bool, with_partitions: bool) -> Result<()> {
     if watch {
         return watch_progress(ctx, id).await;

@@ -12,10 +12,15 @@ use serde_json::{json, Value};
 
 use crate::throttle::{LatencyHistogram, RECENT};
 
-/// Latencies and errors of one kind of operation in one interval.
+/// Latencies and errors of one kind of operation in one interval. Latencies are counted in
+/// [`LatencyHistogram`]'s buckets: memory stays bounded under any traffic without dropping
+/// samples, so the count is every operation and a percentile weighs the whole interval alike
+/// (a bounded list of raw samples thinned by dropping every other one kept the interval's
+/// last operations at full weight and its first at a fraction, which skewed the p99 the
+/// throttle acts on toward whatever happened last).
 #[derive(Default, Debug, Clone)]
 struct Samples {
-    micros: Vec<u64>,
+    latency: LatencyHistogram,
     errors: u64,
 }
 
@@ -27,18 +32,10 @@ pub struct OperationStats {
     recent: VecDeque<(Instant, LatencyHistogram)>,
 }
 
-/// Keeps at most this many latency samples per operation and interval; beyond it, every
-/// other sample is dropped so memory stays bounded under heavy traffic.
-const MAX_SAMPLES: usize = 50_000;
-
 impl OperationStats {
     pub fn record(&mut self, op: &'static str, latency: Duration, ok: bool) {
         let s = self.by_op.entry(op).or_default();
-        if s.micros.len() >= MAX_SAMPLES {
-            let kept: Vec<u64> = s.micros.iter().step_by(2).copied().collect();
-            s.micros = kept;
-        }
-        s.micros.push(latency.as_micros() as u64);
+        s.latency.record(latency.as_micros() as u64);
         if !ok {
             s.errors += 1;
         }
@@ -46,7 +43,8 @@ impl OperationStats {
 
     /// `{"get": {"count": n, "errors": e, "p50_ms": x, "p99_ms": y}, ..., "all": {...}}`;
     /// `all` also has `histogram` (`[[bucket, count], ...]`), `recent_p99_ms` and
-    /// `recent_count`.
+    /// `recent_count`. A percentile is the upper bound of its histogram bucket (at most about
+    /// 9 % above the exact value).
     pub fn take_report(&mut self) -> Value {
         self.take_report_at(Instant::now())
     }
@@ -56,13 +54,9 @@ impl OperationStats {
         let mut report = serde_json::Map::new();
         let mut all = Samples::default();
         for (op, samples) in std::mem::take(&mut self.by_op) {
-            all.micros.extend_from_slice(&samples.micros);
+            all.latency.add(&samples.latency);
             all.errors += samples.errors;
-            report.insert(op.to_owned(), summary(samples));
-        }
-        let mut histogram = LatencyHistogram::default();
-        for m in &all.micros {
-            histogram.record(*m);
+            report.insert(op.to_owned(), summary(&samples));
         }
         while self
             .recent
@@ -71,43 +65,38 @@ impl OperationStats {
         {
             self.recent.pop_front();
         }
-        self.recent.push_back((now, histogram.clone()));
+        self.recent.push_back((now, all.latency.clone()));
         let mut recent = LatencyHistogram::default();
         for (_, h) in &self.recent {
             recent.add(h);
         }
-        let mut all = summary(all);
-        all["histogram"] = json!(histogram.to_pairs());
-        all["recent_p99_ms"] = json!(recent.percentile_ms(99.0));
-        all["recent_count"] = json!(recent.count());
-        report.insert("all".to_owned(), all);
+        let mut summary_all = summary(&all);
+        summary_all["histogram"] = json!(all.latency.to_pairs());
+        summary_all["recent_p99_ms"] = json!(recent.percentile_ms(99.0));
+        summary_all["recent_count"] = json!(recent.count());
+        report.insert("all".to_owned(), summary_all);
         Value::Object(report)
     }
 }
 
-fn summary(mut s: Samples) -> Value {
-    s.micros.sort_unstable();
+fn summary(s: &Samples) -> Value {
     json!({
-        "count": s.micros.len(),
+        "count": s.latency.count(),
         "errors": s.errors,
-        "p50_ms": percentile(&s.micros, 50.0),
-        "p99_ms": percentile(&s.micros, 99.0),
+        "p50_ms": s.latency.percentile_ms(50.0),
+        "p99_ms": s.latency.percentile_ms(99.0),
     })
-}
-
-/// Nearest-rank percentile of sorted microseconds, in milliseconds; `null` when empty.
-fn percentile(sorted: &[u64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    let index = rank.clamp(1, sorted.len()) - 1;
-    Some(sorted[index] as f64 / 1000.0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Within the bucket that holds the exact value: at most about 9 % above it.
+    fn near(reported: &Value, exact: f64) -> bool {
+        let r = reported.as_f64().unwrap();
+        r >= exact && r <= exact * 1.1
+    }
 
     #[test]
     fn percentiles_are_nearest_rank_and_reset_after_a_report() {
@@ -119,13 +108,31 @@ mod tests {
         let report = stats.take_report();
         assert_eq!(report["get"]["count"], 100);
         assert_eq!(report["get"]["errors"], 1);
-        assert_eq!(report["get"]["p50_ms"], 50.0);
-        assert_eq!(report["get"]["p99_ms"], 99.0);
+        assert!(near(&report["get"]["p50_ms"], 50.0), "{report}");
+        assert!(near(&report["get"]["p99_ms"], 99.0), "{report}");
         assert_eq!(report["all"]["count"], 101);
-        assert_eq!(report["all"]["p99_ms"], 100.0);
+        assert!(near(&report["all"]["p99_ms"], 100.0), "{report}");
         let empty = stats.take_report();
         assert_eq!(empty["all"]["count"], 0);
         assert_eq!(empty["all"]["p50_ms"], Value::Null);
+    }
+
+    /// Regression (issue 32): past 50,000 operations in an interval, every other sample was
+    /// dropped, so the count was short and the interval's last operations outweighed its first:
+    /// 100,000 fast reads then 900 slow ones (under 1 %) reported a p99 of the slow ones.
+    #[test]
+    fn a_busy_interval_counts_every_operation_and_weighs_them_alike() {
+        let mut stats = OperationStats::default();
+        for _ in 0..100_000 {
+            stats.record("get", Duration::from_millis(1), true);
+        }
+        for _ in 0..900 {
+            stats.record("get", Duration::from_millis(500), true);
+        }
+        let report = stats.take_report();
+        assert_eq!(report["get"]["count"], 100_900);
+        assert!(near(&report["get"]["p99_ms"], 1.0), "{report}");
+        assert!(near(&report["all"]["p99_ms"], 1.0), "{report}");
     }
 
     #[test]
