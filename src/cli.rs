@@ -125,6 +125,9 @@ pub enum Command {
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Estimate what a playbook moves, per shard, and how many buckets hot tenants need.
     Plan(PlanArgs),
@@ -140,6 +143,9 @@ pub enum Command {
         /// Repair the findings of this run (default: the latest finished run).
         #[arg(long)]
         run: Option<i64>,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Print a shell completion script to stdout, e.g.
     /// `reshard completion bash > ~/.local/share/bash-completion/completions/reshard`.
@@ -155,6 +161,40 @@ pub enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+}
+
+impl Command {
+    /// Whether the command was asked for a dry run whose changes go through the state store
+    /// and are rolled back there ([`crate::store::Store::dry_run`]). `migration advance` and
+    /// `rollback`, `version create` and `run` check their moves themselves.
+    pub fn is_dry_run(&self) -> bool {
+        match self {
+            Command::Db(DbCommand::Migrate { dry_run })
+            | Command::Shard(
+                ShardCommand::Add { dry_run, .. } | ShardCommand::Remove { dry_run, .. },
+            )
+            | Command::Migration(
+                MigrationCommand::Create { dry_run, .. }
+                | MigrationCommand::Pause { dry_run, .. }
+                | MigrationCommand::Resume { dry_run, .. }
+                | MigrationCommand::Configure { dry_run, .. },
+            )
+            | Command::Throttle(ThrottleCommand::Set { dry_run, .. })
+            | Command::Deadletter(
+                DeadletterCommand::Retry { dry_run, .. } | DeadletterCommand::Skip { dry_run, .. },
+            )
+            | Command::Bypass(BypassCommand::Resolve { dry_run, .. })
+            | Command::Hook(
+                HookCommand::Add { dry_run, .. }
+                | HookCommand::Remove { dry_run, .. }
+                | HookCommand::Deliver { dry_run, .. },
+            )
+            | Command::Routers(RoutersCommand::Forget { dry_run, .. })
+            | Command::Approve { dry_run, .. }
+            | Command::Repair { dry_run, .. } => *dry_run,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -425,6 +465,9 @@ pub enum ThrottleCommand {
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -448,6 +491,9 @@ pub enum DeadletterCommand {
         /// The `_id` as `deadletter list` shows it.
         #[arg(long = "id", value_name = "ID")]
         doc_id: Option<String>,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Accept that a document will not be copied; the reason goes to the event log.
     Skip {
@@ -459,6 +505,9 @@ pub enum DeadletterCommand {
         /// Why, for the event log.
         #[arg(long)]
         reason: String,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -495,6 +544,9 @@ pub enum BypassCommand {
         /// Why, for the event log.
         #[arg(long)]
         reason: String,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -524,6 +576,9 @@ pub enum HookCommand {
         /// How long the command may run before it is killed and counted as failed.
         #[arg(long, default_value = "30s", value_parser = parse_hook_timeout, value_name = "DURATION")]
         timeout: Duration,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// The migration's hooks: what they are on, deliveries, failures and the last error.
     List {
@@ -536,11 +591,17 @@ pub enum HookCommand {
         id: i64,
         /// The hook's name (as `reshard hook list` shows it).
         name: String,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Deliver every event recorded so far to the migration's hooks now.
     Deliver {
         /// The migration's id (as `reshard migration list` shows it).
         id: i64,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -600,13 +661,20 @@ pub enum RoutersCommand {
     Forget {
         /// The router's id (`reshard routers list`).
         id: uuid::Uuid,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum DbCommand {
     /// Apply the state store's migrations (embedded in this binary).
-    Migrate,
+    Migrate {
+        /// Show the migrations that would be applied; apply nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Show which schema migrations are applied.
     Status,
 }
@@ -640,6 +708,9 @@ pub enum ShardCommand {
         /// Register without checking that the shard answers a ping.
         #[arg(long)]
         no_check: bool,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// List registered shards.
     List,
@@ -647,6 +718,9 @@ pub enum ShardCommand {
     Remove {
         /// The shard's name (as `reshard shard list` shows it).
         name: String,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -693,6 +767,9 @@ pub enum MigrationCommand {
         /// Source routing version (default: the collection's current version).
         #[arg(long)]
         from: Option<i32>,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// List migrations (active ones unless --all).
     List {
@@ -750,6 +827,9 @@ pub enum MigrationCommand {
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Resume a paused or failed migration.
     Resume {
@@ -758,6 +838,9 @@ pub enum MigrationCommand {
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// The migration's event log.
     History(MigrationId),
@@ -812,6 +895,9 @@ pub enum MigrationCommand {
         /// Why, for the event log.
         #[arg(long)]
         reason: Option<String>,
+        /// Make every check and show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Progress: phase, per-shard and per-partition counters, docs/s, ETA, rates, workers.
     Status {

@@ -140,6 +140,34 @@ pub fn emit<T: Serialize + ?Sized>(
     }
 }
 
+/// [`emit`] of a command that changes state: with `dry_run`, the JSON is the same value with
+/// `"dry_run": true` beside its keys (an array or a scalar is wrapped as
+/// `{"dry_run": true, "would": ...}`), and the text starts with `dry run: would` and says
+/// that nothing changed. `done` is the text of the change made; `would` of the change a dry
+/// run found it would make.
+pub fn emit_change<T: Serialize + ?Sized>(
+    format: OutputFormat,
+    dry_run: bool,
+    value: &T,
+    done: impl FnOnce(),
+    would: impl FnOnce() -> String,
+) -> Result<()> {
+    if !dry_run {
+        return emit(format, value, done);
+    }
+    let value = serde_json::to_value(value).map_err(|e| Error::failed(e.to_string()))?;
+    let marked = match value {
+        serde_json::Value::Object(mut map) => {
+            map.insert("dry_run".into(), serde_json::Value::Bool(true));
+            serde_json::Value::Object(map)
+        }
+        other => serde_json::json!({ "dry_run": true, "would": other }),
+    };
+    emit(format, &marked, || {
+        println!("dry run: would {}; nothing changed", would())
+    })
+}
+
 pub fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }

@@ -75,6 +75,7 @@ pub async fn run(ctx: &Ctx, cmd: BypassCommand) -> Result<()> {
             doc_id,
             action,
             reason,
+            dry_run,
         } => {
             let which = match (number, doc_id) {
                 (Some(n), _) => Selector::Bypass(n),
@@ -85,17 +86,26 @@ pub async fn run(ctx: &Ctx, cmd: BypassCommand) -> Result<()> {
                 BypassAction::Recopy => Resolution::Recopy,
                 BypassAction::Ignore => Resolution::Ignore,
             };
-            let done = bypass::resolve(&driver, id, &which, resolution, &reason).await?;
-            output::emit(ctx.output, &done, || {
-                for r in &done {
-                    println!(
-                        "bypass {} ({}): {}",
-                        r.bypass,
-                        r.doc_id.as_deref().unwrap_or("-"),
-                        r.outcome
-                    );
-                }
-            })
+            let done = bypass::resolve(&driver, id, &which, resolution, &reason, dry_run).await?;
+            let lines = || {
+                done.iter()
+                    .map(|r| {
+                        format!(
+                            "bypass {} ({}): {}",
+                            r.bypass,
+                            r.doc_id.as_deref().unwrap_or("-"),
+                            r.outcome
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+            output::emit_change(
+                ctx.output,
+                dry_run,
+                &done,
+                || lines().iter().for_each(|l| println!("{l}")),
+                || format!("resolve {} bypass(es): {}", done.len(), lines().join("; ")),
+            )
         }
     }
 }

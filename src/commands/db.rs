@@ -17,7 +17,41 @@ struct SchemaMigration {
 pub async fn run(url: &str, format: OutputFormat, cmd: DbCommand) -> Result<()> {
     let store = Store::connect_unchecked(url).await?;
     match cmd {
-        DbCommand::Migrate => {
+        DbCommand::Migrate { dry_run: true } => {
+            let applied = store.applied_versions().await?;
+            let pending: Vec<SchemaMigration> = MIGRATOR
+                .iter()
+                .filter(|m| !applied.contains(&m.version))
+                .map(|m| SchemaMigration {
+                    version: m.version,
+                    description: m.description.to_string(),
+                    applied: false,
+                })
+                .collect();
+            let value = serde_json::json!({
+                "database": store.url().to_string(),
+                "would_apply": pending.iter().map(|m| m.version).collect::<Vec<_>>(),
+                "dry_run": true,
+            });
+            output::emit(format, &value, || {
+                if pending.is_empty() {
+                    println!(
+                        "dry run: {}: schema is up to date; nothing to apply",
+                        store.url()
+                    );
+                    return;
+                }
+                println!(
+                    "dry run: would apply {} migration(s) to {}; nothing changed",
+                    pending.len(),
+                    store.url()
+                );
+                for m in &pending {
+                    println!("  {} {}", m.version, m.description);
+                }
+            })
+        }
+        DbCommand::Migrate { dry_run: false } => {
             let applied = store.migrate().await?;
             let value =
                 serde_json::json!({ "database": store.url().to_string(), "applied": applied });

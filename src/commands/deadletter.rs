@@ -49,7 +49,12 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                 )
             })
         }
-        DeadletterCommand::Skip { id, doc_id, reason } => {
+        DeadletterCommand::Skip {
+            id,
+            doc_id,
+            reason,
+            dry_run,
+        } => {
             if reason.trim().is_empty() {
                 return Err(Error::bad_input(
                     "--reason must say why the document is skipped",
@@ -59,14 +64,30 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                 .store
                 .skip_dead_letters(id, &doc_id, &reason, &ctx.actor)
                 .await?;
-            output::emit(ctx.output, &skipped, || {
-                println!(
-                    "migration {id}: _id {doc_id} skipped ({} dead letter(s)); reason recorded in the event log",
-                    skipped.len()
-                )
-            })
+            output::emit_change(
+                ctx.output,
+                dry_run,
+                &skipped,
+                || {
+                    println!(
+                        "migration {id}: _id {doc_id} skipped ({} dead letter(s)); reason recorded in the event log",
+                        skipped.len()
+                    )
+                },
+                || {
+                    format!(
+                        "skip _id {doc_id} of migration {id} ({} dead letter(s))",
+                        skipped.len()
+                    )
+                },
+            )
         }
-        DeadletterCommand::Retry { id, all, doc_id } => {
+        DeadletterCommand::Retry {
+            id,
+            all,
+            doc_id,
+            dry_run,
+        } => {
             let open = ctx.store.dead_letters(id, false).await?;
             let chosen: Vec<DeadLetter> = open
                 .into_iter()
@@ -79,6 +100,37 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                     ),
                     None => format!("migration {id} has no open dead letters"),
                 }));
+            }
+            if dry_run {
+                // What a retry reads again from its source and writes again to its target.
+                let value: Vec<_> = chosen
+                    .iter()
+                    .map(|d| {
+                        serde_json::json!({
+                            "_id": d.doc_id_text,
+                            "source": d.source_shard.as_ref().map(|s| {
+                                format!("{s}/{}", d.source_collection.as_deref().unwrap_or("?"))
+                            }),
+                            "target": d.target,
+                            "attempts": d.attempts,
+                        })
+                    })
+                    .collect();
+                return output::emit_change(
+                    ctx.output,
+                    true,
+                    &value,
+                    || {},
+                    || {
+                        let ids: Vec<&str> =
+                            chosen.iter().map(|d| d.doc_id_text.as_str()).collect();
+                        format!(
+                            "read {} document(s) again from their source and write them to their target: {}",
+                            chosen.len(),
+                            ids.join(", ")
+                        )
+                    },
+                );
             }
             let driver = Driver::new(ctx.store.clone(), ctx.actor.clone(), Arc::new(Quiet));
             let results = deadletters::retry(&driver, id, &chosen).await?;

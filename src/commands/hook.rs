@@ -18,6 +18,7 @@ pub async fn run(ctx: &Ctx, cmd: HookCommand) -> Result<()> {
             command,
             blocking,
             timeout,
+            dry_run,
         } => {
             let hook = NewHook {
                 name,
@@ -28,9 +29,9 @@ pub async fn run(ctx: &Ctx, cmd: HookCommand) -> Result<()> {
             };
             let added = ctx.store.add_hook(id, &hook, &ctx.actor).await?;
             let shown = shown(&added);
-            output::emit(ctx.output, &shown, || {
-                println!(
-                    "hook {:?} added to migration {id}: on {}, {}, timeout {}",
+            let what = || {
+                format!(
+                    "hook {:?} on migration {id}: on {}, {}, timeout {}",
                     added.name,
                     added.on_events.join(", "),
                     if added.blocking {
@@ -40,7 +41,14 @@ pub async fn run(ctx: &Ctx, cmd: HookCommand) -> Result<()> {
                     },
                     humantime::format_duration(added.timeout())
                 )
-            })
+            };
+            output::emit_change(
+                ctx.output,
+                dry_run,
+                &shown,
+                || println!("added {}", what()),
+                || format!("add {}", what()),
+            )
         }
         HookCommand::List { id } => {
             let rows: Vec<serde_json::Value> =
@@ -91,14 +99,49 @@ pub async fn run(ctx: &Ctx, cmd: HookCommand) -> Result<()> {
                 )
             })
         }
-        HookCommand::Remove { id, name } => {
+        HookCommand::Remove { id, name, dry_run } => {
             ctx.store.remove_hook(id, &name, &ctx.actor).await?;
-            output::emit(ctx.output, &serde_json::json!({ "removed": name }), || {
-                println!("hook {name:?} removed from migration {id}")
-            })
+            output::emit_change(
+                ctx.output,
+                dry_run,
+                &serde_json::json!({ "removed": name }),
+                || println!("hook {name:?} removed from migration {id}"),
+                || format!("remove hook {name:?} from migration {id}"),
+            )
         }
-        HookCommand::Deliver { id } => {
+        HookCommand::Deliver { id, dry_run } => {
             ctx.store.migration(id).await?;
+            if dry_run {
+                // Each hook's events after the last one it was given, that it is on.
+                let events = ctx.store.events(id).await?;
+                let pending: Vec<serde_json::Value> = ctx
+                    .store
+                    .hooks(id)
+                    .await?
+                    .iter()
+                    .map(|h| {
+                        let on = h.on();
+                        let due: Vec<i64> = events
+                            .iter()
+                            .filter(|e| e.id > h.delivered_through)
+                            .filter(|e| on.iter().any(|o| o.matches(e.kind)))
+                            .map(|e| e.id)
+                            .collect();
+                        serde_json::json!({ "hook": h.name, "events": due })
+                    })
+                    .collect();
+                let count: usize = pending
+                    .iter()
+                    .map(|p| p["events"].as_array().map_or(0, Vec::len))
+                    .sum();
+                return output::emit_change(
+                    ctx.output,
+                    true,
+                    &pending,
+                    || {},
+                    || format!("deliver {count} event(s) to {} hook(s)", pending.len()),
+                );
+            }
             let done = hooks::deliver(
                 &ctx.store,
                 Some(id),

@@ -18,6 +18,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             collection,
             to,
             from,
+            dry_run,
         } => {
             let from = match from {
                 Some(v) => v,
@@ -27,17 +28,23 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                 .store
                 .create_migration(&collection, from, to, &ctx.actor)
                 .await?;
-            output::emit(ctx.output, &m, || {
-                println!(
-                    "migration {} planned: {} v{} -> v{} (phase {}, epoch {})",
-                    m.id,
+            let what = || {
+                format!(
+                    "{} v{} -> v{} (phase {}, epoch {})",
                     m.collection,
                     m.from_version,
                     m.to_version,
                     m.phase(),
                     m.epoch
                 )
-            })
+            };
+            output::emit_change(
+                ctx.output,
+                dry_run,
+                &m,
+                || println!("migration {} planned: {}", m.id, what()),
+                || format!("plan a migration of {}", what()),
+            )
         }
         MigrationCommand::List { all } => {
             let list = ctx.store.migrations(all).await?;
@@ -115,19 +122,27 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             }
             moves.finish(ctx, result.map(|_| ()))
         }
-        MigrationCommand::Pause { id, reason } => {
+        MigrationCommand::Pause {
+            id,
+            reason,
+            dry_run,
+        } => {
             let t = ctx
                 .store
-                .transition(id, &Action::Pause, &ctx.actor, reason.as_deref(), false)
+                .transition(id, &Action::Pause, &ctx.actor, reason.as_deref(), dry_run)
                 .await?;
-            report(ctx, &t, false)
+            report(ctx, &t, dry_run)
         }
-        MigrationCommand::Resume { id, reason } => {
+        MigrationCommand::Resume {
+            id,
+            reason,
+            dry_run,
+        } => {
             let t = ctx
                 .store
-                .transition(id, &Action::Resume, &ctx.actor, reason.as_deref(), false)
+                .transition(id, &Action::Resume, &ctx.actor, reason.as_deref(), dry_run)
                 .await?;
-            report(ctx, &t, false)
+            report(ctx, &t, dry_run)
         }
         MigrationCommand::Configure {
             id,
@@ -140,6 +155,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             keep_empty_source,
             documents_per_partition,
             reason,
+            dry_run,
         } => {
             if documents_per_partition.is_some() {
                 let m = ctx.store.migration(id).await?;
@@ -196,8 +212,14 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                     reason.as_deref(),
                 )
                 .await?;
-            let value = json!({ "migration": id, "before": before, "after": after });
+            let mut value = json!({ "migration": id, "before": before, "after": after });
+            if dry_run {
+                value["dry_run"] = json!(true);
+            }
             output::emit(ctx.output, &value, || {
+                if dry_run {
+                    println!("dry run: would store these settings; nothing changed");
+                }
                 output::fields(&[
                     ("max missing", after.max_missing.to_string()),
                     ("max mismatched", after.max_mismatched.to_string()),

@@ -54,6 +54,18 @@ pub async fn run(cli: Cli) -> Result<()> {
         .filter(|a| !a.trim().is_empty())
         .unwrap_or_else(crate::identity::default_actor);
     let output = cli.output;
+    let dry_run = cli.command.is_dry_run();
+    let ctx = |url: String, output: OutputFormat, actor: String| async move {
+        let ctx = ctx(url, output, actor).await?;
+        Ok::<_, Error>(if dry_run {
+            Ctx {
+                store: ctx.store.dry_run(),
+                ..ctx
+            }
+        } else {
+            ctx
+        })
+    };
     match cli.command {
         Command::Db(cmd) => db::run(&url, output, cmd).await,
         Command::Shard(cmd) => shard::run(&ctx(url, output, actor).await?, cmd).await,
@@ -72,13 +84,25 @@ pub async fn run(cli: Cli) -> Result<()> {
         | Command::Completion { .. }
         | Command::Man { .. } => unreachable!("handled above"),
         Command::Run(args) => playbook::run_file(&ctx(url, output, actor).await?, args).await,
-        Command::Approve { name, step, reason } => {
-            playbook::approve(&ctx(url, output, actor).await?, &name, &step, reason).await
+        Command::Approve {
+            name,
+            step,
+            reason,
+            dry_run,
+        } => {
+            playbook::approve(
+                &ctx(url, output, actor).await?,
+                &name,
+                &step,
+                reason,
+                dry_run,
+            )
+            .await
         }
         Command::Plan(args) => playbook::plan(&ctx(url, output, actor).await?, args).await,
         Command::Exporter(args) => exporter::run(&ctx(url, output, actor).await?, args).await,
-        Command::Repair { id, run } => {
-            reconcile::repair(&ctx(url, output, actor).await?, id, run).await
+        Command::Repair { id, run, dry_run } => {
+            reconcile::repair(&ctx(url, output, actor).await?, id, run, dry_run).await
         }
     }
 }

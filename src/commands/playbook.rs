@@ -200,7 +200,13 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
     }
 }
 
-pub async fn approve(ctx: &Ctx, name: &str, step: &str, reason: Option<String>) -> Result<()> {
+pub async fn approve(
+    ctx: &Ctx,
+    name: &str,
+    step: &str,
+    reason: Option<String>,
+    dry_run: bool,
+) -> Result<()> {
     let row = ctx.store.playbook(name).await?.ok_or_else(|| {
         Error::bad_input(format!(
             "no playbook named {name:?} has run yet (`reshard run FILE` starts it)"
@@ -231,12 +237,23 @@ pub async fn approve(ctx: &Ctx, name: &str, step: &str, reason: Option<String>) 
         .approve_step(name, *position as i32, step, &ctx.actor, reason.as_deref())
         .await?;
     let value = json!({ "playbook": name, "step": step, "approved_by": ctx.actor });
-    output::emit(ctx.output, &value, || {
-        println!(
-            "step {step:?} of playbook {name:?} approved by {}; run the playbook again to go on",
-            ctx.actor
-        )
-    })
+    output::emit_change(
+        ctx.output,
+        dry_run,
+        &value,
+        || {
+            println!(
+                "step {step:?} of playbook {name:?} approved by {}; run the playbook again to go on",
+                ctx.actor
+            )
+        },
+        || {
+            format!(
+                "approve step {step:?} of playbook {name:?} as {}",
+                ctx.actor
+            )
+        },
+    )
 }
 
 pub async fn plan(ctx: &Ctx, args: PlanArgs) -> Result<()> {

@@ -138,7 +138,25 @@ fn print_run(
     })
 }
 
-pub async fn repair(ctx: &Ctx, id: i64, run: Option<i64>) -> Result<()> {
+pub async fn repair(ctx: &Ctx, id: i64, run: Option<i64>, dry_run: bool) -> Result<()> {
+    if dry_run {
+        let plan = driver::reconcile::repair_plan(&driver(ctx), id, run).await?;
+        let count = |k: &str| plan[k].as_array().map_or(0, Vec::len);
+        return output::emit_change(
+            ctx.output,
+            true,
+            &plan,
+            || {},
+            || {
+                format!(
+                "copy again the documents of {} finding(s) of run {} and {} shadow-read mismatch(es)",
+                count("findings"),
+                output::or_dash(plan["run"].as_i64()),
+                count("shadow_mismatches")
+            )
+            },
+        );
+    }
     let outcome = driver::reconcile::repair(&driver(ctx), id, run).await?;
     let (done, left) = (&outcome.done, &outcome.still_wrong);
     let shadow: Vec<_> = outcome

@@ -8,17 +8,25 @@ use crate::output;
 pub async fn run(ctx: &Ctx, cmd: RoutersCommand) -> Result<()> {
     let collection = match cmd {
         RoutersCommand::List { collection } => collection,
-        RoutersCommand::Forget { id } => {
+        RoutersCommand::Forget { id, dry_run } => {
             let gone = ctx.store.forget_router(id).await?;
-            eprintln!(
-                "forgot router {} ({}, pid {}) of {}: its lease ran out at {}",
-                gone.name,
-                gone.host,
-                gone.pid,
-                gone.collection,
-                gone.lease_expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+            let what = || {
+                format!(
+                    "router {} ({}, pid {}) of {}: its lease ran out at {}",
+                    gone.name,
+                    gone.host,
+                    gone.pid,
+                    gone.collection,
+                    gone.lease_expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+                )
+            };
+            return output::emit_change(
+                ctx.output,
+                dry_run,
+                &gone,
+                || println!("forgot {}", what()),
+                || format!("forget {}", what()),
             );
-            return Ok(());
         }
     };
     let routers = ctx.store.routers(collection.as_deref()).await?;

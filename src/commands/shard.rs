@@ -14,6 +14,7 @@ pub async fn run(ctx: &Ctx, cmd: ShardCommand) -> Result<()> {
             allow_inline_password,
             database,
             no_check,
+            dry_run,
         } => {
             let uri = match (uri, uri_file) {
                 (Some(uri), _) => uri,
@@ -69,12 +70,23 @@ pub async fn run(ctx: &Ctx, cmd: ShardCommand) -> Result<()> {
                     .map_err(|e| Error::bad_input(format!("shard {name}: {e}")))?;
             }
             let shard = ctx.store.add_shard(&name, &uri, &database).await?;
-            output::emit(ctx.output, &shard, || {
-                println!(
-                    "shard {} registered: {} database {}",
-                    shard.name, shard.uri, shard.database
-                )
-            })
+            output::emit_change(
+                ctx.output,
+                dry_run,
+                &shard,
+                || {
+                    println!(
+                        "shard {} registered: {} database {}",
+                        shard.name, shard.uri, shard.database
+                    )
+                },
+                || {
+                    format!(
+                        "register shard {}: {} database {}",
+                        shard.name, shard.uri, shard.database
+                    )
+                },
+            )
         }
         ShardCommand::List => {
             let shards = ctx.store.shards().await?;
@@ -92,11 +104,15 @@ pub async fn run(ctx: &Ctx, cmd: ShardCommand) -> Result<()> {
                 )
             })
         }
-        ShardCommand::Remove { name } => {
+        ShardCommand::Remove { name, dry_run } => {
             ctx.store.remove_shard(&name).await?;
-            output::emit(ctx.output, &serde_json::json!({ "removed": name }), || {
-                println!("shard {name} removed")
-            })
+            output::emit_change(
+                ctx.output,
+                dry_run,
+                &serde_json::json!({ "removed": name }),
+                || println!("shard {name} removed"),
+                || format!("remove shard {name}"),
+            )
         }
     }
 }

@@ -19,6 +19,7 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
             capacity_signal_after,
             latency_budget,
             reason,
+            dry_run,
         } => {
             let any = max_docs_per_sec.is_some()
                 || max_in_flight_per_shard.is_some()
@@ -74,6 +75,18 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
                 )
                 .await?;
             let value = serde_json::json!({ "migration": id, "before": before, "after": after });
+            if dry_run {
+                return output::emit_change(
+                    ctx.output,
+                    true,
+                    &value,
+                    || {},
+                    || {
+                        print_settings(&after);
+                        format!("set migration {id}'s throttle to the settings above")
+                    },
+                );
+            }
             output::emit(ctx.output, &value, || {
                 println!("migration {id}: throttle updated; running workers apply it within 2 s");
                 print_settings(&after);

@@ -48,10 +48,17 @@ pub async fn run(ctx: &Ctx, cmd: VersionCommand) -> Result<()> {
                 }
             }
             if dry_run {
-                return output::emit(ctx.output, &version, || {
-                    println!("{shown} is valid (dry run: nothing stored)");
-                    describe(&version);
-                });
+                return output::emit_change(
+                    ctx.output,
+                    true,
+                    &version,
+                    || {},
+                    || {
+                        println!("{shown} is valid");
+                        describe(&version);
+                        format!("store it as {}'s next version", version.collection)
+                    },
+                );
             }
             let stored = ctx
                 .store

@@ -51,6 +51,7 @@ pub async fn resolve(
     which: &Selector,
     resolution: Resolution,
     reason: &str,
+    dry_run: bool,
 ) -> Result<Vec<Resolved>> {
     if reason.trim().is_empty() {
         return Err(Error::bad_input(
@@ -77,12 +78,23 @@ pub async fn resolve(
             }
         }));
     };
-    let outcome = match resolution {
-        Resolution::Ignore => "ignored".to_owned(),
-        Resolution::Recopy => recopy(driver, id, &first).await?,
+    let outcome = match (resolution, dry_run) {
+        (Resolution::Ignore, _) => "ignored".to_owned(),
+        (Resolution::Recopy, false) => recopy(driver, id, &first).await?,
+        (Resolution::Recopy, true) => {
+            let m = driver.store.migration(id).await?;
+            if let Some(refused) = recopy_refused(id, &m, &first) {
+                return Err(refused);
+            }
+            format!(
+                "would be recopied from {} through a router in phase {}",
+                first.location(),
+                m.phase()
+            )
+        }
     };
     let mut chosen = chosen;
-    if resolution == Resolution::Recopy && outcome.contains(REMOVED) {
+    if !dry_run && resolution == Resolution::Recopy && outcome.contains(REMOVED) {
         // The removal of the plain copy is itself a delete no router made: the watch records
         // it, and it is resolved with the rest.
         let m = driver.store.migration(id).await?;
@@ -118,10 +130,10 @@ pub async fn resolve(
     Ok(done)
 }
 
-async fn recopy(driver: &Driver, id: i64, b: &Bypass) -> Result<String> {
-    let m = driver.store.migration(id).await?;
+/// Why bypass `b` of migration `id` cannot be recopied now, if it cannot.
+fn recopy_refused(id: i64, m: &crate::store::migrations::Migration, b: &Bypass) -> Option<Error> {
     if b.operation == "gap" {
-        return Err(Error::bad_input(format!(
+        return Some(Error::bad_input(format!(
             "bypass {} is a gap in the watch of {}: it names no document to recopy; check the \
              layouts (`reshard reconcile {id} --full`) and resolve it with --action ignore",
             b.id,
@@ -132,10 +144,18 @@ async fn recopy(driver: &Driver, id: i64, b: &Bypass) -> Result<String> {
         m.phase(),
         Phase::Planned | Phase::Completed | Phase::RolledBack
     ) {
-        return Err(Error::bad_input(format!(
+        return Some(Error::bad_input(format!(
             "migration {id} is in {}: there is nothing to recopy into; resolve with --action ignore",
             m.phase()
         )));
+    }
+    None
+}
+
+async fn recopy(driver: &Driver, id: i64, b: &Bypass) -> Result<String> {
+    let m = driver.store.migration(id).await?;
+    if let Some(refused) = recopy_refused(id, &m, b) {
+        return Err(refused);
     }
     let Some(doc_id) = b.doc_id.as_deref().and_then(|raw| ids::decode(raw).ok()) else {
         return Err(Error::bad_input(format!(

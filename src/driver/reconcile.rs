@@ -315,6 +315,41 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
 /// Repairs what run `run` (default: the latest) of migration `id` found and the open
 /// mismatches of shadow reads, then checks the repaired documents again. Without a finished
 /// run (and none asked for), only the shadow reads' mismatches are repaired.
+/// What `repair` would copy again, with the same refusals, reading only the state store:
+/// the open shadow-read mismatches and the run's findings not repaired yet that name a
+/// document.
+pub async fn repair_plan(driver: &Driver, id: i64, run: Option<i64>) -> Result<serde_json::Value> {
+    let m = driver.store.migration(id).await?;
+    check_phase(&m)?;
+    let mismatches = driver.store.shadow_mismatches(id, true).await?;
+    let run = match driver.store.reconciliation_run(id, run).await {
+        Ok(r) => Some(r),
+        Err(crate::store::StoreError::NotFound(_)) if run.is_none() && !mismatches.is_empty() => {
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let findings = match &run {
+        Some(run) => driver
+            .store
+            .findings(run.id)
+            .await?
+            .into_iter()
+            .filter(|f| f.repaired_at.is_none() && f.doc_id.is_some())
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(serde_json::json!({
+        "run": run.map(|r| r.id),
+        "findings": findings.iter().map(|f| serde_json::json!({
+            "finding": f.id, "kind": f.kind, "_id": f.doc_id_text,
+        })).collect::<Vec<_>>(),
+        "shadow_mismatches": mismatches.iter().map(|x| serde_json::json!({
+            "_id": x.doc_id_text, "source": x.source_location, "target": x.target_location,
+        })).collect::<Vec<_>>(),
+    }))
+}
+
 pub async fn repair(driver: &Driver, id: i64, run: Option<i64>) -> Result<RepairOutcome> {
     let m = driver.store.migration(id).await?;
     check_phase(&m)?;

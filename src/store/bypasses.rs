@@ -263,7 +263,7 @@ impl Store {
             &NewEvent::new(EventKind::BypassResolved, details).reason(Some(reason)),
         )
         .await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok(b)
     }
 }

@@ -77,7 +77,7 @@ impl Store {
     ) -> StoreResult<Hook> {
         let mut tx = self.pool().begin().await?;
         let added = insert_hook(&mut tx, migration_id, hook, "cli", actor).await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok(added)
     }
 
@@ -100,7 +100,7 @@ impl Store {
         }
         let event = NewEvent::new(EventKind::SettingsChanged, json!({ "hook_removed": name }));
         events::insert(&mut tx, &migration, actor, &event).await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok(())
     }
 

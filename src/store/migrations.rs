@@ -124,7 +124,7 @@ impl Store {
         self.version(collection, Some(to)).await?;
         let mut tx = self.pool().begin().await?;
         let migration = create_in(&mut tx, collection, from, to, actor).await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok(migration)
     }
 

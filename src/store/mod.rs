@@ -196,6 +196,8 @@ pub async fn within<T>(
 pub struct Store {
     pool: PgPool,
     url: Redacted,
+    /// A dry run's store ([`Store::dry_run`]): the changes of a command are rolled back.
+    dry_run: bool,
 }
 
 /// Why the state store at `url` cannot be reached, with any password in `reason` redacted.
@@ -250,6 +252,7 @@ impl Store {
         Ok(Store {
             pool: pool.connect_lazy_with(options),
             url,
+            dry_run: false,
         })
     }
 
@@ -280,6 +283,34 @@ impl Store {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The same store for a command's `--dry-run`: each change an operator's command makes
+    /// runs in one transaction that ends in [`Store::finish`], and this store rolls it back
+    /// there. The dry run thus goes through the change itself (every lock, check and refusal,
+    /// the rows as they would be written, returned to the command) and keeps none of it. An
+    /// event appended within is dropped with the rest (its log line is at info, below a
+    /// one-shot command's default filter). `tests/dry_run.rs` runs every command that changes
+    /// state this way and compares every table before and after.
+    pub fn dry_run(&self) -> Store {
+        Store {
+            dry_run: true,
+            ..self.clone()
+        }
+    }
+
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    /// Commits `tx`, or rolls it back in a dry run's store.
+    async fn finish(&self, tx: sqlx::Transaction<'_, sqlx::Postgres>) -> StoreResult<()> {
+        if self.dry_run {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
+        Ok(())
     }
 
     pub fn url(&self) -> &Redacted {

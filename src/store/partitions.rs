@@ -1019,7 +1019,7 @@ impl Store {
         )
         .reason(Some(reason));
         events::insert(&mut tx, &migration, actor, &event).await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok(skipped)
     }
 }

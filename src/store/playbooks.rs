@@ -325,7 +325,7 @@ impl Store {
         )
         .reason(reason);
         events::insert(&mut tx, &migration, actor, &event).await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok(())
     }
 }

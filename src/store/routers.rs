@@ -370,7 +370,7 @@ impl Store {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok(row)
     }
 

@@ -33,6 +33,7 @@ fn shard_from_row((name, uri, database, created_at): ShardRow) -> Shard {
 
 impl Store {
     pub async fn add_shard(&self, name: &str, uri: &str, database: &str) -> StoreResult<Shard> {
+        let mut tx = self.pool().begin().await?;
         let row: Option<ShardRow> = sqlx::query_as(
             "INSERT INTO shards (name, uri, database) VALUES ($1, $2, $3)
              ON CONFLICT (name) DO NOTHING
@@ -41,8 +42,9 @@ impl Store {
         .bind(name)
         .bind(uri)
         .bind(database)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *tx)
         .await?;
+        self.finish(tx).await?;
         row.map(shard_from_row)
             .ok_or_else(|| StoreError::Conflict(format!("shard {name:?} is already registered")))
     }
@@ -97,7 +99,7 @@ impl Store {
             .bind(name)
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok(())
     }
 }

@@ -183,7 +183,7 @@ impl Store {
             .bind(json!({ "id": migration_id, "settings": true }).to_string())
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        self.finish(tx).await?;
         Ok((before, after))
     }
 
