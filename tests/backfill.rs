@@ -986,14 +986,11 @@ async fn overload_cuts_the_rate_and_loses_nothing() {
         "{status}"
     );
     assert_eq!(
-        status["backfill"]["documentsCopied"].as_u64(),
+        status["backfill"]["documents_copied"].as_u64(),
         Some(e.moved),
         "{status}"
     );
-    assert_eq!(
-        status["backfill"]["remainingOperationTimeEstimatedSecs"], 0,
-        "{status}"
-    );
+    assert_eq!(status["backfill"]["eta_secs"], 0, "{status}");
 }
 
 /// A target collection's validator refuses a few copies for good (code 121): they become dead

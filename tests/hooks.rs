@@ -141,8 +141,11 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
         .into_iter()
         .find(|e| e.details["hook_added"] == "rec")
         .expect("a hook_added event");
-    assert_eq!(added.details["timeout"], "30s", "{}", added.details);
-    assert_eq!(added.details["timeout"], hook(db, &id, "rec")["timeout"]);
+    assert_eq!(added.details["timeout_ms"], 30_000, "{}", added.details);
+    assert_eq!(
+        added.details["timeout_ms"],
+        hook(db, &id, "rec")["timeout_ms"]
+    );
 
     // A move delivers: the recording hook gets it, the broken one fails and the move stands.
     reshard_ok(db, &["migration", "advance", &id, "--to", "dual_read"]);
@@ -581,7 +584,7 @@ async fn failure_hooks_hear_timed_out_barriers_and_failed_soaks() {
     let details = &got[0]["event"]["details"];
     assert_eq!(details["epoch"], 2, "{details}");
     assert_eq!(details["phase"], "dual_read");
-    assert_eq!(details["timeout"], "1s");
+    assert_eq!(details["timeout_ms"], 1_000);
     assert!(
         details["missing"][0]
             .as_str()

@@ -74,3 +74,36 @@ fn the_declared_rust_version_is_not_older_than_any_locked_dependency_needs() {
         newer.join("\n")
     );
 }
+
+/// The container image builds with the Rust that Cargo.toml declares, and ships the binary of
+/// that name; `cargo install --path .` is what README says.
+#[test]
+fn the_dockerfile_builds_with_the_declared_rust_version() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let manifest = std::fs::read_to_string(format!("{root}/Cargo.toml")).unwrap();
+    let ours = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .map(|v| v.trim_matches('"').to_owned())
+        .expect("Cargo.toml declares a rust-version");
+    let dockerfile = std::fs::read_to_string(format!("{root}/Dockerfile")).unwrap();
+    let build = dockerfile
+        .lines()
+        .find(|l| l.starts_with("FROM rust:"))
+        .expect("a build stage FROM rust:VERSION");
+    assert!(
+        build.starts_with(&format!("FROM rust:{ours}-")),
+        "the Dockerfile builds with {build:?}, Cargo.toml says rust-version = {ours:?}"
+    );
+    assert!(
+        dockerfile.contains("--locked --bin reshard"),
+        "{dockerfile}"
+    );
+    assert!(
+        dockerfile.contains("ENTRYPOINT [\"reshard\"]"),
+        "{dockerfile}"
+    );
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    assert!(readme.contains("cargo install --path ."));
+    assert!(readme.contains("docker build -t reshard ."));
+}

@@ -84,7 +84,13 @@ pub async fn run(ctx: &Ctx, cmd: HookCommand) -> Result<()> {
                                 .unwrap_or_default(),
                             text("command"),
                             if h["blocking"] == true { "yes" } else { "no" }.into(),
-                            text("timeout"),
+                            h["timeout_ms"]
+                                .as_u64()
+                                .map(|ms| {
+                                    humantime::format_duration(std::time::Duration::from_millis(ms))
+                                        .to_string()
+                                })
+                                .unwrap_or_default(),
                             h["deliveries"].to_string(),
                             h["failures"].to_string(),
                             match h["last_error"].as_str() {
@@ -184,7 +190,7 @@ fn shown(h: &Hook) -> serde_json::Value {
         "on": h.on_events,
         "command": redact_uri(&h.command),
         "blocking": h.blocking,
-        "timeout": humantime::format_duration(h.timeout()).to_string(),
+        "timeout_ms": h.timeout_ms,
         "origin": h.origin,
         "delivered_through": h.delivered_through,
         "deliveries": h.deliveries,

@@ -8,9 +8,10 @@
 //! revert's partitions, or an estimate not made yet): a task whose total is not known shows
 //! what is done and the rate, and no ETA, until it is.
 //!
-//! The JSON output uses the names operators know from MongoDB's `$currentOp` for resharding
-//! where they fit (`documentsCopied`, `approxDocumentsToCopy`,
-//! `remainingOperationTimeEstimatedSecs`).
+//! The JSON output's keys are snake_case with units in their names, one name per concept:
+//! what MongoDB's `$currentOp` calls `approxDocumentsToCopy`, `documentsCopied` and
+//! `remainingOperationTimeEstimatedSecs` are `approx_documents`, `documents_copied` and
+//! `eta_secs` here, as in `progress` (`tests/vocabulary.rs`).
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -37,9 +38,6 @@ use crate::store::workers::WorkerRow;
 const SHOWN_MISMATCHES: usize = 20;
 
 /// Per source location, summed over its partitions.
-/// Keys are snake_case like every JSON reshard prints, but for the names that mirror
-/// MongoDB's `$currentOp` resharding metrics (`approxDocumentsToCopy`, `documentsCopied`,
-/// `remainingOperationTimeEstimatedSecs`).
 #[derive(Clone, Debug, Default, Serialize)]
 struct ShardProgress {
     source_shard: String,
@@ -47,10 +45,8 @@ struct ShardProgress {
     partitions: i64,
     partitions_done: i64,
     scan: String,
-    #[serde(rename = "approxDocumentsToCopy")]
-    approx_documents_to_copy: Option<i64>,
+    approx_documents: Option<i64>,
     documents_scanned: i64,
-    #[serde(rename = "documentsCopied")]
     documents_copied: i64,
     documents_already_present: i64,
     documents_stamped: i64,
@@ -179,7 +175,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
         s.documents_dead_lettered += p.dead_lettered;
     }
     for s in shards.values_mut() {
-        s.approx_documents_to_copy = size_of(
+        s.approx_documents = size_of(
             partitions
                 .iter()
                 .filter(|p| {
@@ -273,16 +269,16 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
             "partitions": totals.partitions,
             "partitions_done": totals.done,
             "partitions_leased": totals.leased,
-            "approxDocumentsToCopy": backfill.total,
+            "approx_documents": backfill.total,
             "documents_scanned": totals.scanned,
-            "documentsCopied": totals.inserted,
+            "documents_copied": totals.inserted,
             "documents_already_present": totals.already_present,
             "documents_stamped": totals.stamped,
             "documents_dead_lettered": totals.dead_lettered,
             "documents_skipped_foreign": totals.skipped_foreign,
             "dead_letters_open": open_dead_letters,
             "docs_per_sec": docs_per_sec,
-            "remainingOperationTimeEstimatedSecs": backfill_eta.map(|s| s.round() as i64),
+            "eta_secs": backfill_eta.map(|s| s.round() as i64),
             "shards": shards,
         },
         "throttle": {
@@ -792,7 +788,7 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
                     s.scan.clone(),
                     format!("{}/{}", s.partitions_done, s.partitions),
                     s.documents_scanned.to_string(),
-                    output::or_dash(s.approx_documents_to_copy),
+                    output::or_dash(s.approx_documents),
                     s.documents_copied.to_string(),
                     s.documents_already_present.to_string(),
                     s.documents_stamped.to_string(),

@@ -459,7 +459,7 @@ impl Driver {
             serde_json::json!({
                 "epoch": migration.epoch,
                 "phase": migration.phase().as_str(),
-                "timeout": humantime::format_duration(timeout).to_string(),
+                "timeout_ms": timeout.as_millis() as u64,
                 "missing": missing,
                 "back_to": back_to.map(|p| p.as_str()),
             }),

@@ -296,7 +296,7 @@ async fn insert_hook(
             "on": hook.on_names(),
             "blocking": hook.blocking,
             // As `hook list` shows it: humantime text.
-            "timeout": humantime::format_duration(hook.timeout).to_string(),
+            "timeout_ms": hook.timeout.as_millis() as u64,
             "origin": origin,
         }),
     );
