@@ -488,7 +488,9 @@ pub enum DeadletterCommand {
         /// Every open dead letter.
         #[arg(long, conflicts_with = "doc_id", required_unless_present = "doc_id")]
         all: bool,
-        /// The `_id` as `deadletter list` shows it.
+        /// The `_id` as `deadletter list` shows it: digits for a number, text for a string
+        /// (in double quotes when it could read as a number: '"7"'), or Extended JSON
+        /// ('{"$numberLong": "7"}', '{"$oid": "..."}').
         #[arg(long = "id", value_name = "ID")]
         doc_id: Option<String>,
         /// Make every check and show what would change; change nothing.
@@ -499,7 +501,9 @@ pub enum DeadletterCommand {
     Skip {
         /// The migration's id (as `reshard migration list` shows it).
         id: i64,
-        /// The `_id` as `deadletter list` shows it.
+        /// The `_id` as `deadletter list` shows it: digits for a number, text for a string
+        /// (in double quotes when it could read as a number: '"7"'), or Extended JSON
+        /// ('{"$numberLong": "7"}', '{"$oid": "..."}').
         #[arg(long = "id", value_name = "ID")]
         doc_id: String,
         /// Why, for the event log.
@@ -534,7 +538,9 @@ pub enum BypassCommand {
             required_unless_present = "doc_id"
         )]
         bypass: Option<i64>,
-        /// Every open bypass of this `_id`, as `bypass list` shows it.
+        /// Every open bypass of this `_id`, as `bypass list` shows it: digits for a number,
+        /// text for a string (in double quotes when it could read as a number: '"7"'), or
+        /// Extended JSON ('{"$numberLong": "7"}', '{"$oid": "..."}').
         #[arg(long = "id", value_name = "ID")]
         doc_id: Option<String>,
         /// `recopy`: write the document as the bypassed location holds it now through the
@@ -924,7 +930,8 @@ pub struct MigrationId {
 pub enum RouteCommand {
     /// Compute sub-bucket, vbucket and location of a document, and the paths its phase implies.
     ///
-    /// Keys: plain text is a string; int:42, oid:<24 hex>, uuid:<uuid>, hex:<bytes>, str:<text>.
+    /// Keys: plain text is a string; int:42, oid:<24 hex>, uuid:<uuid>, hex:<bytes>, str:<text>;
+    /// or Extended JSON as JSON output writes `_id`s ('{"$numberLong": "42"}', '"42"').
     Explain {
         /// The collection (DATABASE.COLLECTION).
         #[arg(long)]

@@ -41,6 +41,9 @@ pub enum Error {
     /// The request was fine but the operation did not succeed.
     #[error("{0:#}")]
     Failed(#[from] anyhow::Error),
+    /// Another error, with what to check next ([`Error::with_hint`]).
+    #[error("{error}")]
+    Hinted { error: Box<Error>, hint: String },
 }
 
 impl Error {
@@ -52,8 +55,17 @@ impl Error {
         Error::Failed(anyhow::anyhow!(message.into()))
     }
 
+    /// The error with what an operator checks next; its kind and exit code stay.
+    pub fn with_hint(self, hint: impl Into<String>) -> Self {
+        Error::Hinted {
+            error: Box::new(self),
+            hint: hint.into(),
+        }
+    }
+
     pub fn exit(&self) -> u8 {
         match self {
+            Error::Hinted { error, .. } => error.exit(),
             Error::BadInput(_) => EXIT_BAD_INPUT,
             Error::Known(e) if e.is_bad_input() => EXIT_BAD_INPUT,
             Error::Known(_) | Error::Failed(_) => EXIT_FAILED,
@@ -71,6 +83,7 @@ impl Error {
             Error::BadInput(_) => "bad_input",
             Error::Known(e) => e.code(),
             Error::Failed(_) => "failed",
+            Error::Hinted { error, .. } => error.code(),
         }
     }
 
@@ -78,6 +91,7 @@ impl Error {
     pub fn hint(&self) -> Option<String> {
         match self {
             Error::Known(e) => e.hint(),
+            Error::Hinted { hint, .. } => Some(hint.clone()),
             Error::BadInput(_) | Error::Failed(_) => None,
         }
     }

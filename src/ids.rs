@@ -227,6 +227,17 @@ pub fn key(id: &Bson) -> Vec<u8> {
     }
 }
 
+/// The [`key`]s of ids as stored ([`encode`]), for asking whether a document read from a
+/// shard is one of them (`7` and `7.0` are one document; `7` and `"7"` are two). Ids that
+/// cannot be read are left out.
+pub fn keys_of_encoded(stored: &[Vec<u8>]) -> std::collections::HashSet<Vec<u8>> {
+    stored
+        .iter()
+        .filter_map(|b| decode(b).ok())
+        .map(|id| key(&id))
+        .collect()
+}
+
 /// An `_id` as an operator types it and sees it: strings bare, numbers as digits, others in
 /// relaxed extended JSON (`{"$oid": "..."}`).
 pub fn text(id: &Bson) -> String {
@@ -235,6 +246,100 @@ pub fn text(id: &Bson) -> String {
         Bson::Int32(i) => i.to_string(),
         Bson::Int64(i) => i.to_string(),
         other => other.clone().into_relaxed_extjson().to_string(),
+    }
+}
+
+/// An `_id` as JSON output carries it: canonical Extended JSON, so its type survives
+/// (`{"$numberLong": "13996721"}`, `{"$oid": "..."}`; a string stays a JSON string).
+pub fn extjson(id: &Bson) -> serde_json::Value {
+    id.clone().into_canonical_extjson()
+}
+
+/// [`extjson`] of an id as stored in Postgres ([`encode`]); `null` when it cannot be read.
+pub fn extjson_encoded(bytes: &[u8]) -> serde_json::Value {
+    decode(bytes).map_or(serde_json::Value::Null, |id| extjson(&id))
+}
+
+/// Serializes a stored id (`#[serde(serialize_with)]`) as [`extjson_encoded`].
+#[allow(clippy::ptr_arg)] // serde hands the field as it is declared
+pub fn serialize_encoded<S: serde::Serializer>(bytes: &Vec<u8>, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&extjson_encoded(bytes), s)
+}
+
+/// [`serialize_encoded`] for an id that may be absent (`null`).
+pub fn serialize_encoded_opt<S: serde::Serializer>(
+    bytes: &Option<Vec<u8>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let value = bytes
+        .as_deref()
+        .map_or(serde_json::Value::Null, extjson_encoded);
+    serde::Serialize::serialize(&value, s)
+}
+
+/// An `_id` as text output shows it, so two ids of different types never look alike:
+/// numbers as digits, ObjectIds and binary data in relaxed Extended JSON, a string bare
+/// unless it would read as something else (a number, JSON, blanks at an end, nothing at
+/// all), then as a JSON string in double quotes. [`parse_given`] reads every one back.
+pub fn shown(id: &Bson) -> String {
+    match id {
+        Bson::String(s) if string_needs_quotes(s) => {
+            serde_json::Value::from(s.as_str()).to_string()
+        }
+        other => text(other),
+    }
+}
+
+/// [`shown`] of a stored id; `fallback` (the text stored beside it) when it cannot be read.
+pub fn shown_encoded(bytes: &[u8], fallback: &str) -> String {
+    decode(bytes).map_or_else(|_| fallback.to_owned(), |id| shown(&id))
+}
+
+fn string_needs_quotes(s: &str) -> bool {
+    s.is_empty()
+        || s.trim() != s
+        || s.starts_with('{')
+        || s.starts_with('"')
+        || s.parse::<serde_json::Number>().is_ok()
+}
+
+/// Reads an `_id` an operator gives (`--id`): Extended JSON when it starts with `{` or `"`
+/// (canonical or relaxed: `{"$numberLong": "7"}`, `{"$oid": "..."}`, `"7"` for the string),
+/// a number when it reads as a JSON number, otherwise the string itself. Whatever [`shown`]
+/// prints reads back as the same id. Any BSON value is accepted: a bypass may record an id
+/// of a type reshard cannot route, and an operator still names it to resolve it.
+pub fn parse_given(given: &str) -> Result<Bson, String> {
+    let value = if given.starts_with('{') || given.starts_with('"') {
+        let json: serde_json::Value = serde_json::from_str(given).map_err(|e| {
+            format!(
+                "--id {given}: not JSON ({e}); give Extended JSON such as                  '{{\"$numberLong\": \"7\"}}', '{{\"$oid\": \"...\"}}' or '\"text\"'"
+            )
+        })?;
+        Bson::try_from(json).map_err(|e| format!("--id {given}: not Extended JSON ({e})"))?
+    } else if let Ok(number) = given.parse::<serde_json::Number>() {
+        Bson::try_from(serde_json::Value::Number(number))
+            .map_err(|e| format!("--id {given}: {e}"))?
+    } else {
+        Bson::String(given.to_owned())
+    };
+    Ok(value)
+}
+
+/// Whether a stored id is the one an operator gave ([`parse_given`]): by [`key`], so `7`
+/// matches an int, a long and a double 7 alike, and never the string `"7"`.
+pub fn given_matches(given: &Bson, encoded: &[u8]) -> bool {
+    decode(encoded).is_ok_and(|id| key(&id) == key(given))
+}
+
+/// What to say when no row matched a given id that may have been meant as another type.
+pub fn given_hint(given: &Bson) -> Option<String> {
+    match given {
+        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => Some(format!(
+            "{} was read as a number; a string id is given in double quotes: --id '\"{}\"'",
+            text(given),
+            text(given)
+        )),
+        _ => None,
     }
 }
 
@@ -881,6 +986,108 @@ mod tests {
             and(doc! { "$or": [{ "a": 1 }] }, doc! { "$or": [{ "b": 1 }] }),
             doc! { "$and": [{ "$or": [{ "a": 1 }] }, { "$or": [{ "b": 1 }] }] }
         );
+    }
+
+    #[test]
+    fn json_output_keeps_the_type_of_an_id_and_text_output_tells_an_int_from_a_string() {
+        use serde_json::json;
+        assert_eq!(
+            extjson(&Bson::Int64(13_996_721)),
+            json!({"$numberLong": "13996721"})
+        );
+        assert_eq!(extjson(&Bson::Int32(7)), json!({"$numberInt": "7"}));
+        assert_eq!(extjson(&Bson::String("13996721".into())), json!("13996721"));
+        let oid = ObjectId::from_bytes([0x0f; 12]);
+        assert_eq!(extjson(&Bson::ObjectId(oid)), json!({"$oid": oid.to_hex()}));
+        assert_eq!(
+            extjson_encoded(&encode(&Bson::Int64(5))),
+            json!({"$numberLong": "5"})
+        );
+        assert_eq!(extjson_encoded(b"junk"), serde_json::Value::Null);
+
+        assert_eq!(shown(&Bson::Int64(13_996_721)), "13996721");
+        assert_eq!(shown(&Bson::String("13996721".into())), "\"13996721\"");
+        assert_eq!(shown(&Bson::String("cust-1".into())), "cust-1");
+        for s in ["", " a", "a ", "{x", "\"q", "1e3", "-0.5"] {
+            let shown = shown(&Bson::String(s.into()));
+            assert!(shown.starts_with('"'), "{s:?} is shown as {shown}");
+        }
+        assert_eq!(
+            shown(&Bson::ObjectId(oid)),
+            format!("{{\"$oid\":\"{}\"}}", oid.to_hex())
+        );
+        assert_eq!(
+            shown_encoded(&encode(&Bson::String("7".into())), "7"),
+            "\"7\""
+        );
+        assert_eq!(shown_encoded(b"junk", "as stored"), "as stored");
+    }
+
+    #[test]
+    fn an_id_is_given_as_extended_json_a_number_or_bare_text() {
+        assert_eq!(
+            parse_given(r#"{"$numberLong": "13996721"}"#).unwrap(),
+            Bson::Int64(13_996_721)
+        );
+        assert_eq!(
+            parse_given(r#""13996721""#).unwrap(),
+            Bson::String("13996721".into())
+        );
+        assert_eq!(
+            key(&parse_given("13996721").unwrap()),
+            key(&Bson::Int64(13_996_721))
+        );
+        assert_eq!(
+            parse_given("cust-1").unwrap(),
+            Bson::String("cust-1".into())
+        );
+        let oid = ObjectId::from_bytes([0xab; 12]);
+        assert_eq!(
+            parse_given(&format!(r#"{{"$oid": "{}"}}"#, oid.to_hex())).unwrap(),
+            Bson::ObjectId(oid)
+        );
+        let error = parse_given("{not json").unwrap_err();
+        assert!(error.starts_with("--id {not json: not JSON"), "{error}");
+        let error = parse_given(r#"{"$oid": "short"}"#).unwrap_err();
+        assert!(error.contains("not Extended JSON"), "{error}");
+
+        let seven = parse_given("7").unwrap();
+        assert!(given_matches(&seven, &encode(&Bson::Int32(7))));
+        assert!(given_matches(&seven, &encode(&Bson::Int64(7))));
+        assert!(given_matches(&seven, &encode(&Bson::Double(7.0))));
+        assert!(!given_matches(&seven, &encode(&Bson::String("7".into()))));
+        assert!(given_matches(
+            &parse_given("\"7\"").unwrap(),
+            &encode(&Bson::String("7".into()))
+        ));
+        assert!(!given_matches(&seven, b"junk"));
+        let hint = given_hint(&seven).unwrap();
+        assert!(hint.contains(r#"--id '"7"'"#), "{hint}");
+        assert_eq!(given_hint(&Bson::String("x".into())), None);
+    }
+
+    fn routable_id() -> impl Strategy<Value = Bson> {
+        prop_oneof![
+            any::<i32>().prop_map(Bson::Int32),
+            any::<i64>().prop_map(Bson::Int64),
+            (-1e15f64..1e15).prop_map(|x| Bson::Double(x.trunc())),
+            any::<String>().prop_map(Bson::String),
+            "[ -~]{0,12}".prop_map(Bson::String),
+            any::<[u8; 12]>().prop_map(|b| Bson::ObjectId(ObjectId::from_bytes(b))),
+            proptest::collection::vec(any::<u8>(), 0..20).prop_map(|bytes| Bson::Binary(Binary {
+                subtype: BinarySubtype::Generic,
+                bytes
+            })),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn what_text_output_shows_is_read_back_as_the_same_id(id in routable_id()) {
+            let shown = shown(&id);
+            let read = parse_given(&shown).map_err(TestCaseError::fail)?;
+            prop_assert_eq!(key(&read), key(&id), "{} was shown as {} and read as {}", id, shown, read);
+        }
     }
 
     proptest! {

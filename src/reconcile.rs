@@ -129,8 +129,8 @@ pub struct Scene {
     pub from: RoutingVersion,
     pub to: RoutingVersion,
     pub shards: Shards,
-    /// `_id`s (as text) of dead letters an operator skipped: known to be absent.
-    pub skipped: HashSet<String>,
+    /// [`ids::key`]s of the `_id`s of dead letters an operator skipped: known to be absent.
+    pub skipped: HashSet<Vec<u8>>,
 }
 
 /// How one source document checked out.
@@ -175,7 +175,7 @@ fn judge_source(
     doc: &Document,
 ) -> (Bson, Result<Outcome, Location>) {
     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-    if !scene.skipped.is_empty() && scene.skipped.contains(&ids::text(&id)) {
+    if !scene.skipped.is_empty() && scene.skipped.contains(&ids::key(&id)) {
         return (id, Ok(Outcome::Ignored));
     }
     let judged = match disposition::of(Side::Source, &scene.from, &scene.to, location, doc) {

@@ -1076,7 +1076,7 @@ async fn refused_copies_become_dead_letters_that_hold_the_gate() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|d| d["doc_id_text"].as_str().unwrap().to_owned())
+        .map(|d| d["id_text"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(listed, refused);
 

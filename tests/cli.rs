@@ -876,6 +876,28 @@ async fn route_explain_follows_the_phase() {
     // The hot tenant has 16 buckets in v2: the sub-bucket is the id's hash mod 16.
     let expected = reshard::routing::hash(&7i64.to_le_bytes()) % 16;
     assert_eq!(target["sub_bucket"].as_u64().unwrap(), expected);
+    // The `_id` as JSON output writes it names the same document; the string "7" another.
+    let explain_id = |given: &str| {
+        json(
+            &db,
+            &[
+                "route",
+                "explain",
+                "--collection",
+                "orders",
+                "--tenant",
+                "cust-hot",
+                "--id",
+                given,
+            ],
+        )
+    };
+    assert_eq!(explain_id(r#"{"$numberLong": "7"}"#), during);
+    assert_eq!(
+        explain_id("\"7\"")["placements"],
+        explain_id("7")["placements"]
+    );
+    assert_ne!(explain_id("\"7\"")["placements"], during["placements"]);
 }
 
 #[tokio::test]

@@ -6,6 +6,13 @@
 
 mod support;
 
+/// An `_id` string as the store holds it, in hex for a bytea literal.
+fn stored(id: &str) -> String {
+    hex::encode(reshard::ids::encode(&mongodb::bson::Bson::String(
+        id.into(),
+    )))
+}
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use support::World;
@@ -68,12 +75,14 @@ async fn set_up(w: &World) {
             .to_owned(),
         format!(
             "INSERT INTO dead_letters (migration_id, doc_id, doc_id_text, target, message)
-             VALUES ({id}, '\\x01', 'o-dead', 's1/orders', 'refused')"
+             VALUES ({id}, '\\x{}', 'o-dead', 's1/orders', 'refused')",
+            stored("o-dead")
         ),
         format!(
             "INSERT INTO bypasses (migration_id, shard, collection, doc_id, doc_id_text, operation,
                                    phase, happened_at)
-             VALUES ({id}, 's1', 'orders', '\\x01', 'o-bypass', 'update', 'reconcile', now())"
+             VALUES ({id}, 's1', 'orders', '\\x{}', 'o-bypass', 'update', 'reconcile', now())",
+            stored("o-bypass")
         ),
         format!(
             "INSERT INTO routers (id, collection, name, host, pid, lease_expires_at, migration_id,
@@ -88,7 +97,8 @@ async fn set_up(w: &World) {
         format!(
             "INSERT INTO shadow_mismatches (migration_id, doc_id, doc_id_text, source_location,
                                             target_location, router_name)
-             VALUES ({id}, '\\x01', 'o-shadow', 's1/orders', 's2/orders', 'app')"
+             VALUES ({id}, '\\x{}', 'o-shadow', 's1/orders', 's2/orders', 'app')",
+            stored("o-shadow")
         ),
     ];
     for s in sql {

@@ -541,7 +541,7 @@ fn finding_keys(report: &Value) -> BTreeSet<(String, String)> {
         .map(|f| {
             (
                 f["kind"].as_str().unwrap().to_owned(),
-                f["doc_id_text"].as_str().unwrap_or("-").to_owned(),
+                f["id_text"].as_str().unwrap_or("-").to_owned(),
             )
         })
         .collect()
@@ -550,7 +550,7 @@ fn finding_keys(report: &Value) -> BTreeSet<(String, String)> {
 fn finding<'a>(report: &'a Value, kind: &str, id: &str) -> &'a Value {
     findings(report)
         .iter()
-        .find(|f| f["kind"] == kind && f["doc_id_text"] == id)
+        .find(|f| f["kind"] == kind && f["id_text"] == id)
         .unwrap_or_else(|| panic!("no {kind} finding for {id}: {report:#}"))
 }
 
@@ -857,7 +857,7 @@ async fn tampering_is_found_repaired_and_gates_new_reads() {
     let action_of = |id: &str| -> String {
         let finding_id = findings(&report)
             .iter()
-            .find(|f| f["doc_id_text"] == id)
+            .find(|f| f["id_text"] == id)
             .unwrap()["id"]
             .clone();
         repaired["repaired"]
@@ -1038,7 +1038,7 @@ async fn repair_restores_copies_removes_strays_and_spares_application_writes() {
                 .find(|f| f["id"] == r["finding"])
                 .unwrap();
             (
-                f["doc_id_text"].as_str().unwrap().to_owned(),
+                f["id_text"].as_str().unwrap().to_owned(),
                 r["action"].as_str().unwrap().to_owned(),
             )
         })
@@ -1081,7 +1081,7 @@ async fn repair_restores_copies_removes_strays_and_spares_application_writes() {
         assert!(f["repaired_at"].is_string(), "{f}");
         assert_eq!(
             f["resolution"].as_str(),
-            Some(actions[f["doc_id_text"].as_str().unwrap()].as_str())
+            Some(actions[f["id_text"].as_str().unwrap()].as_str())
         );
     }
 

@@ -5,6 +5,13 @@
 
 mod support;
 
+/// An `_id` string as the store holds it, in hex for a bytea literal.
+fn stored(id: &str) -> String {
+    hex::encode(reshard::ids::encode(&mongodb::bson::Bson::String(
+        id.into(),
+    )))
+}
+
 use support::World;
 
 fn json(w: &World, args: &[&str]) -> serde_json::Value {
@@ -108,12 +115,14 @@ async fn every_key_of_every_read_commands_json_is_snake_case_with_units() {
     for s in [
         format!(
             "INSERT INTO dead_letters (migration_id, doc_id, doc_id_text, target, message)
-             VALUES ({id}, '\\x01', 'o-dead', 's1/orders', 'refused')"
+             VALUES ({id}, '\\x{}', 'o-dead', 's1/orders', 'refused')",
+            stored("o-dead")
         ),
         format!(
             "INSERT INTO bypasses (migration_id, shard, collection, doc_id, doc_id_text, operation,
                                    phase, happened_at)
-             VALUES ({id}, 's1', 'orders', '\\x01', 'o-bypass', 'update', 'planned', now())"
+             VALUES ({id}, 's1', 'orders', '\\x{}', 'o-bypass', 'update', 'planned', now())",
+            stored("o-bypass")
         ),
     ] {
         sqlx::query(&s).execute(w.store.pool()).await.unwrap();
@@ -149,4 +158,164 @@ async fn every_key_of_every_read_commands_json_is_snake_case_with_units() {
     wrong.sort();
     wrong.dedup();
     assert!(wrong.is_empty(), "keys out of style:\n{}", wrong.join("\n"));
+}
+
+/// Ids as values (issue 32): an int64 `_id` and a string `_id` that read alike are two ids in
+/// JSON (canonical Extended JSON keeps the type), in text (the string is quoted) and in
+/// `--id` (Extended JSON, a bare number or a quoted string picks exactly one of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_int_id_and_a_string_id_that_read_alike_stay_two_ids() {
+    use mongodb::bson::Bson;
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    let id = id.as_str();
+    let int = reshard::ids::encode(&Bson::Int64(13_996_721));
+    let string = reshard::ids::encode(&Bson::String("13996721".into()));
+    for (doc_id, shard) in [(&int, "s1"), (&string, "s2")] {
+        sqlx::query(
+            "INSERT INTO dead_letters (migration_id, doc_id, doc_id_text, target, message)
+             VALUES ($1, $2, '13996721', $3, 'refused')",
+        )
+        .bind(w.migration)
+        .bind(doc_id)
+        .bind(format!("{shard}/orders"))
+        .execute(w.store.pool())
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO bypasses (migration_id, shard, collection, doc_id, doc_id_text,
+                                   operation, phase, happened_at)
+             VALUES ($1, $2, 'orders', $3, '13996721', 'update', 'planned', now())",
+        )
+        .bind(w.migration)
+        .bind(shard)
+        .bind(doc_id)
+        .execute(w.store.pool())
+        .await
+        .unwrap();
+    }
+    let long = serde_json::json!({"$numberLong": "13996721"});
+    let text = serde_json::json!("13996721");
+    let ids_of = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["_id"].clone())
+            .collect()
+    };
+    let letters = json(&w, &["deadletter", "list", id]);
+    assert_eq!(
+        ids_of(&letters),
+        [long.clone(), text.clone()],
+        "{letters:#}"
+    );
+    let bypasses = json(&w, &["bypass", "list", id]);
+    assert_eq!(
+        ids_of(&bypasses),
+        [long.clone(), text.clone()],
+        "{bypasses:#}"
+    );
+
+    let table = support::bin_without_db()
+        .env("RESHARD_DATABASE_URL", w.db.url())
+        .args(["deadletter", "list", id])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(table.contains(" 13996721 "), "{table}");
+    assert!(table.contains(" \"13996721\" "), "{table}");
+
+    let cli = |args: &[&str]| {
+        support::bin_without_db()
+            .env("RESHARD_DATABASE_URL", w.db.url())
+            .args(args)
+            .args(["--output", "json"])
+            .output()
+            .unwrap()
+    };
+    // A quoted string names the string id only.
+    let out = cli(&[
+        "deadletter",
+        "skip",
+        id,
+        "--id",
+        "\"13996721\"",
+        "--reason",
+        "r",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let open = json(&w, &["deadletter", "list", id]);
+    assert_eq!(ids_of(&open), std::slice::from_ref(&long), "{open:#}");
+    // Once the string is gone, a bare number does not fall back to it, and the error says
+    // how a string id is given.
+    let out = cli(&[
+        "bypass", "resolve", id, "--id", "13996722", "--action", "ignore", "--reason", "r",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let error: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert!(
+        error["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("--id '\"13996722\"'"),
+        "{error:#}"
+    );
+    // Extended JSON names the int64 id only.
+    let out = cli(&[
+        "bypass",
+        "resolve",
+        id,
+        "--id",
+        r#"{"$numberLong": "13996721"}"#,
+        "--action",
+        "ignore",
+        "--reason",
+        "r",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resolved: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        ids_of(&resolved),
+        std::slice::from_ref(&long),
+        "{resolved:#}"
+    );
+    let open = json(&w, &["bypass", "list", id]);
+    assert_eq!(ids_of(&open), std::slice::from_ref(&text), "{open:#}");
+    // A bare number names the number, whatever its width.
+    let out = cli(&[
+        "deadletter",
+        "skip",
+        id,
+        "--id",
+        "13996721",
+        "--reason",
+        "r",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let open = json(&w, &["deadletter", "list", id]);
+    assert_eq!(open, serde_json::json!([]), "{open:#}");
+    let out = cli(&[
+        "deadletter",
+        "skip",
+        id,
+        "--id",
+        "{\"$oid\": 1",
+        "--reason",
+        "r",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(error.contains("not JSON"), "{error}");
 }

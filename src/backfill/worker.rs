@@ -159,8 +159,9 @@ impl Counters {
 struct Shared {
     migration: i64,
     task: Task,
-    /// `_id`s (as text) of skipped dead letters: never copied, so never deleted by cleanup.
-    skipped: std::collections::HashSet<String>,
+    /// [`ids::key`]s of the `_id`s of skipped dead letters: never copied, so never deleted by
+    /// cleanup.
+    skipped: std::collections::HashSet<Vec<u8>>,
     epoch: i64,
     from: RoutingVersion,
     to: RoutingVersion,
@@ -628,7 +629,7 @@ impl Worker {
         task: Task,
         shutdown: watch::Receiver<bool>,
     ) -> Result<WorkerSummary, WorkerError> {
-        let skipped = self.store.skipped_ids(m.id).await?.into_iter().collect();
+        let skipped = ids::keys_of_encoded(&self.store.skipped_ids(m.id).await?);
         let (from, to) = self.versions(m).await?;
         let settings = Self::settings_of(m)?;
         let worker_id = self.id;
@@ -2349,7 +2350,7 @@ pub fn cleanup_candidates(
     from: &RoutingVersion,
     to: &RoutingVersion,
     location: &Location,
-    skipped: &std::collections::HashSet<String>,
+    skipped: &std::collections::HashSet<Vec<u8>>,
     docs: &[Document],
 ) -> (Checkpoint, Vec<(Bson, Disposition)>) {
     let mut checkpoint = Checkpoint::default();
@@ -2357,7 +2358,7 @@ pub fn cleanup_candidates(
     for doc in docs {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
         let d = disposition::of(Side::Source, from, to, location, doc);
-        match protocol::cleanup_action(&d, !skipped.is_empty() && skipped.contains(&ids::text(&id)))
+        match protocol::cleanup_action(&d, !skipped.is_empty() && skipped.contains(&ids::key(&id)))
         {
             CleanupAction::LookUp => {
                 checkpoint.scanned += 1;
@@ -2489,6 +2490,38 @@ mod tests {
         let dl = &b.checkpoint.dead_letters[0];
         assert_eq!(dl.doc_id_text, "x");
         assert!(dl.message.contains("customerId"), "{}", dl.message);
+    }
+
+    /// A skipped dead letter is matched by value: skipping the int `_id` N keeps the int and
+    /// the double N (one document to MongoDB) and not the string "N", which moves and is
+    /// looked up (found when skips were matched by their text, where 7 and "7" are alike).
+    #[test]
+    fn a_skipped_int_id_keeps_its_numbers_and_not_the_string_that_reads_alike() {
+        let (from, to) = (version(1, TWO, None), version(16, TWO, Some("bucket")));
+        let t = KeyValue::String("hot".into());
+        let (n, here) = (0..)
+            .find_map(|n: i64| {
+                let at = |k: KeyValue, v: &RoutingVersion| {
+                    v.locate(&t, &k).unwrap().locations[0].clone()
+                };
+                let (int, text) = (KeyValue::Int(n), KeyValue::String(n.to_string()));
+                let here = at(int.clone(), &from);
+                (here == at(text.clone(), &from) && here != at(int, &to) && here != at(text, &to))
+                    .then_some((n, here))
+            })
+            .unwrap();
+        let docs = [
+            doc! { "_id": n as i32, "customerId": "hot" },
+            doc! { "_id": n as f64, "customerId": "hot" },
+            doc! { "_id": n.to_string(), "customerId": "hot" },
+        ];
+        let skipped = ids::keys_of_encoded(&[ids::encode(&Bson::Int64(n))]);
+        let (checkpoint, moved) = cleanup_candidates(&from, &to, &here, &skipped, &docs);
+        assert_eq!((checkpoint.scanned, checkpoint.kept), (3, 2));
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_eq!(moved[0].0, Bson::String(n.to_string()));
+        let (checkpoint, moved) = cleanup_candidates(&from, &to, &here, &Default::default(), &docs);
+        assert_eq!((checkpoint.kept, moved.len()), (0, 3));
     }
 
     /// The backfill reads raw documents and copies their bytes; what it decides and writes

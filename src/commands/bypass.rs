@@ -8,7 +8,8 @@ use crate::commands::progress::Stderr;
 use crate::commands::Ctx;
 use crate::driver::bypass::{self, Selector};
 use crate::driver::Driver;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::ids;
 use crate::output;
 
 pub async fn run(ctx: &Ctx, cmd: BypassCommand) -> Result<()> {
@@ -55,7 +56,7 @@ pub async fn run(ctx: &Ctx, cmd: BypassCommand) -> Result<()> {
                         [
                             b.id.to_string(),
                             b.location().to_string(),
-                            output::or_dash(b.doc_id_text.clone()),
+                            output::or_dash(bypass::shown(b)),
                             b.operation.clone(),
                             b.phase.clone(),
                             b.happened_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
@@ -79,7 +80,9 @@ pub async fn run(ctx: &Ctx, cmd: BypassCommand) -> Result<()> {
         } => {
             let which = match (number, doc_id) {
                 (Some(n), _) => Selector::Bypass(n),
-                (None, Some(x)) => Selector::Document(x),
+                (None, Some(x)) => {
+                    Selector::Document(ids::parse_given(&x).map_err(Error::bad_input)?)
+                }
                 (None, None) => unreachable!("clap requires --bypass or --id"),
             };
             let resolution = match action {
@@ -93,7 +96,7 @@ pub async fn run(ctx: &Ctx, cmd: BypassCommand) -> Result<()> {
                         format!(
                             "bypass {} ({}): {}",
                             r.bypass,
-                            r.doc_id.as_deref().unwrap_or("-"),
+                            r.id_shown.as_deref().unwrap_or("-"),
                             r.outcome
                         )
                     })

@@ -6,6 +6,7 @@ use crate::cli::DeadletterCommand;
 use crate::commands::Ctx;
 use crate::driver::{deadletters, Driver, Quiet};
 use crate::error::{Error, Result};
+use crate::ids;
 use crate::output;
 use crate::store::partitions::DeadLetter;
 
@@ -29,7 +30,7 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                     letters.iter().map(|d| {
                         [
                             d.id.to_string(),
-                            d.doc_id_text.clone(),
+                            ids::shown_encoded(&d.doc_id, &d.doc_id_text),
                             d.status.clone(),
                             format!(
                                 "{}/{}",
@@ -60,10 +61,22 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                     "--reason must say why the document is skipped",
                 ));
             }
+            let given = ids::parse_given(&doc_id).map_err(Error::bad_input)?;
+            let shown = ids::shown(&given);
+            let letters: Vec<i64> = ctx
+                .store
+                .dead_letters(id, false)
+                .await?
+                .iter()
+                .filter(|d| ids::given_matches(&given, &d.doc_id))
+                .map(|d| d.id)
+                .collect();
             let skipped = ctx
                 .store
-                .skip_dead_letters(id, &doc_id, &reason, &ctx.actor)
-                .await?;
+                .skip_dead_letters(id, &letters, &shown, &reason, &ctx.actor)
+                .await
+                .map_err(|e| with_hint(e.into(), &given))?;
+            let doc_id = shown;
             output::emit_change(
                 ctx.output,
                 dry_run,
@@ -88,18 +101,30 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
             doc_id,
             dry_run,
         } => {
+            let given = match &doc_id {
+                Some(x) => Some(ids::parse_given(x).map_err(Error::bad_input)?),
+                None => None,
+            };
             let open = ctx.store.dead_letters(id, false).await?;
             let chosen: Vec<DeadLetter> = open
                 .into_iter()
-                .filter(|d| all || Some(&d.doc_id_text) == doc_id.as_ref())
+                .filter(|d| {
+                    all || given
+                        .as_ref()
+                        .is_some_and(|g| ids::given_matches(g, &d.doc_id))
+                })
                 .collect();
             if chosen.is_empty() {
-                return Err(Error::bad_input(match doc_id {
-                    Some(x) => format!(
-                        "migration {id} has no open dead letter for _id {x} (see `reshard deadletter list {id}`)"
+                return Err(match given {
+                    Some(g) => with_hint(
+                        Error::bad_input(format!(
+                            "migration {id} has no open dead letter for _id {} (see `reshard deadletter list {id}`)",
+                            ids::shown(&g)
+                        )),
+                        &g,
                     ),
-                    None => format!("migration {id} has no open dead letters"),
-                }));
+                    None => Error::bad_input(format!("migration {id} has no open dead letters")),
+                });
             }
             if dry_run {
                 // What a retry reads again from its source and writes again to its target.
@@ -107,7 +132,7 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                     .iter()
                     .map(|d| {
                         serde_json::json!({
-                            "_id": d.doc_id_text,
+                            "_id": ids::extjson_encoded(&d.doc_id),
                             "source": d.source_shard.as_ref().map(|s| {
                                 format!("{s}/{}", d.source_collection.as_deref().unwrap_or("?"))
                             }),
@@ -122,12 +147,14 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                     &value,
                     || {},
                     || {
-                        let ids: Vec<&str> =
-                            chosen.iter().map(|d| d.doc_id_text.as_str()).collect();
+                        let shown: Vec<String> = chosen
+                            .iter()
+                            .map(|d| ids::shown_encoded(&d.doc_id, &d.doc_id_text))
+                            .collect();
                         format!(
                             "read {} document(s) again from their source and write them to their target: {}",
                             chosen.len(),
-                            ids.join(", ")
+                            shown.join(", ")
                         )
                     },
                 );
@@ -137,7 +164,14 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
             let fixed = results.iter().filter(|r| r.resolved).count();
             let value: Vec<_> = results
                 .iter()
-                .map(|r| serde_json::json!({ "_id": r.id, "resolved": r.resolved, "result": r.what }))
+                .map(|r| {
+                    serde_json::json!({
+                        "_id": r.doc_id,
+                        "id_text": r.id,
+                        "resolved": r.resolved,
+                        "result": r.what,
+                    })
+                })
                 .collect();
             output::emit(ctx.output, &value, || {
                 for r in &results {
@@ -162,5 +196,14 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// An error about a given id that matched nothing, with how to give a string id when the id
+/// was read as a number.
+fn with_hint(error: Error, given: &mongodb::bson::Bson) -> Error {
+    match ids::given_hint(given) {
+        Some(hint) => error.with_hint(hint),
+        None => error,
     }
 }

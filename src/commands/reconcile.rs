@@ -127,7 +127,13 @@ fn print_run(
                     [
                         f.id.to_string(),
                         f.kind.to_string(),
-                        output::or_dash(f.doc_id_text.clone()),
+                        output::or_dash(match (&f.doc_id, &f.doc_id_text) {
+                            (Some(bytes), text) => Some(crate::ids::shown_encoded(
+                                bytes,
+                                text.as_deref().unwrap_or("?"),
+                            )),
+                            (None, text) => text.clone(),
+                        }),
                         output::or_dash(f.stratum.clone()),
                         f.details.to_string(),
                         output::or_dash(f.resolution.clone()),
@@ -162,15 +168,18 @@ pub async fn repair(ctx: &Ctx, id: i64, run: Option<i64>, dry_run: bool) -> Resu
     let shadow: Vec<_> = outcome
         .shadow
         .iter()
-        .map(|(doc, r)| match r {
-            ShadowRepair::Repaired(what) => {
-                json!({ "_id": doc, "resolution": "repaired", "action": what })
-            }
-            ShadowRepair::Superseded(why) => {
-                json!({ "_id": doc, "resolution": "superseded", "why": why })
-            }
-            ShadowRepair::StillWrong(fields) => {
-                json!({ "_id": doc, "resolution": "still_wrong", "fields": fields })
+        .map(|x| {
+            let doc = &x.doc_id;
+            match &x.result {
+                ShadowRepair::Repaired(what) => {
+                    json!({ "_id": doc, "resolution": "repaired", "action": what })
+                }
+                ShadowRepair::Superseded(why) => {
+                    json!({ "_id": doc, "resolution": "superseded", "why": why })
+                }
+                ShadowRepair::StillWrong(fields) => {
+                    json!({ "_id": doc, "resolution": "still_wrong", "fields": fields })
+                }
             }
         })
         .collect();
@@ -184,8 +193,9 @@ pub async fn repair(ctx: &Ctx, id: i64, run: Option<i64>, dry_run: bool) -> Resu
         for (f, w) in done {
             println!("finding {f}: {w}");
         }
-        for (doc, r) in &outcome.shadow {
-            match r {
+        for x in &outcome.shadow {
+            let doc = &x.id_shown;
+            match &x.result {
                 ShadowRepair::Repaired(what) => {
                     println!("shadow mismatch {doc}: repaired ({what})")
                 }

@@ -37,9 +37,8 @@ pub async fn run(ctx: &Ctx, cmd: RouteCommand) -> Result<()> {
         id,
         version,
     } = cmd;
-    let tenant_key =
-        KeyValue::parse_cli(&tenant).map_err(|e| Error::bad_input(format!("--tenant: {e}")))?;
-    let id_key = KeyValue::parse_cli(&id).map_err(|e| Error::bad_input(format!("--id: {e}")))?;
+    let tenant_key = key_given("--tenant", &tenant)?;
+    let id_key = key_given("--id", &id)?;
     let migration = ctx.store.active_migration(&collection).await?;
     let locate = |v: &RoutingVersion, role: &'static str| -> Result<Placed> {
         let located = v
@@ -142,4 +141,17 @@ pub async fn run(ctx: &Ctx, cmd: RouteCommand) -> Result<()> {
         pairs.push(("writes", e.write_path.join(" + ")));
         output::fields(&pairs);
     })
+}
+
+/// A key as a flag gives it: Extended JSON when it starts with `{` or `"` (as the `_id`s of
+/// JSON output are written: `{"$numberLong": "7"}`, `"7"`), otherwise the prefixed form of
+/// [`KeyValue::parse_cli`] (`int:7`, `oid:...`, plain text a string).
+fn key_given(flag: &str, given: &str) -> Result<KeyValue> {
+    if given.starts_with('{') || given.starts_with('"') {
+        let value = crate::ids::parse_given(given)
+            .map_err(|e| Error::bad_input(e.replacen("--id", flag, 1)))?;
+        return KeyValue::from_bson(&value)
+            .map_err(|e| Error::bad_input(format!("{flag} {given}: {e}")));
+    }
+    KeyValue::parse_cli(given).map_err(|e| Error::bad_input(format!("{flag}: {e}")))
 }

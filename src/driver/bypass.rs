@@ -28,19 +28,24 @@ const REMOVED: &str = "the plain copy was removed";
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Resolved {
     pub bypass: i64,
-    #[serde(rename = "_id")]
-    pub doc_id: Option<String>,
+    /// The document's `_id` (Extended JSON), when the bypass named one.
+    #[serde(rename = "_id", serialize_with = "ids::serialize_encoded_opt")]
+    pub doc_id: Option<Vec<u8>>,
+    /// The `_id` as text output shows it ([`ids::shown`]).
+    #[serde(skip)]
+    pub id_shown: Option<String>,
     pub resolution: Resolution,
     pub outcome: String,
 }
 
 /// Which open bypasses to resolve.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Selector {
     /// One bypass, by its number in `reshard bypass list`.
     Bypass(i64),
-    /// Every open bypass of one document, by its `_id` as `reshard bypass list` shows it.
-    Document(String),
+    /// Every open bypass of one document, by its `_id` ([`ids::parse_given`]); matched by
+    /// value, so an int 7 and a string "7" are two documents.
+    Document(Bson),
 }
 
 /// Resolves the open bypasses `which` names. A document recopied once resolves every open
@@ -65,18 +70,28 @@ pub async fn resolve(
         .into_iter()
         .filter(|b| match which {
             Selector::Bypass(n) => b.id == *n,
-            Selector::Document(x) => b.doc_id_text.as_deref() == Some(x.as_str()),
+            Selector::Document(x) => b
+                .doc_id
+                .as_deref()
+                .is_some_and(|d| ids::given_matches(x, d)),
         })
         .collect();
     let Some(first) = chosen.first().cloned() else {
-        return Err(Error::bad_input(match which {
-            Selector::Bypass(n) => {
-                format!("migration {id} has no open bypass {n} (`reshard bypass list {id}`)")
-            }
+        return Err(match which {
+            Selector::Bypass(n) => Error::bad_input(format!(
+                "migration {id} has no open bypass {n} (`reshard bypass list {id}`)"
+            )),
             Selector::Document(x) => {
-                format!("migration {id} has no open bypass of _id {x} (`reshard bypass list {id}`)")
+                let error = Error::bad_input(format!(
+                    "migration {id} has no open bypass of _id {} (`reshard bypass list {id}`)",
+                    ids::shown(x)
+                ));
+                match ids::given_hint(x) {
+                    Some(hint) => error.with_hint(hint),
+                    None => error,
+                }
             }
-        }));
+        });
     };
     let outcome = match (resolution, dry_run) {
         (Resolution::Ignore, _) => "ignored".to_owned(),
@@ -122,12 +137,21 @@ pub async fn resolve(
             .await?;
         done.push(Resolved {
             bypass: b.id,
-            doc_id: b.doc_id_text,
+            id_shown: shown(&b),
+            doc_id: b.doc_id,
             resolution,
             outcome: outcome.clone(),
         });
     }
     Ok(done)
+}
+
+/// A bypass's `_id` as text output shows it ([`ids::shown`]), when it names one.
+pub fn shown(b: &Bypass) -> Option<String> {
+    match (&b.doc_id, &b.doc_id_text) {
+        (Some(bytes), text) => Some(ids::shown_encoded(bytes, text.as_deref().unwrap_or("?"))),
+        (None, text) => text.clone(),
+    }
 }
 
 /// Why bypass `b` of migration `id` cannot be recopied now, if it cannot.

@@ -13,8 +13,10 @@ use crate::store::partitions::{DeadLetter, Refusal, RetryOutcome};
 /// What became of one retried dead letter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Retried {
-    /// The document's `_id`, as text.
+    /// The document's `_id`, as text output shows it ([`ids::shown`]).
     pub id: String,
+    /// The document's `_id` as Extended JSON.
+    pub doc_id: serde_json::Value,
     /// Whether the dead letter is resolved.
     pub resolved: bool,
     /// What the write came to, or why it still fails.
@@ -30,7 +32,8 @@ pub async fn retry(driver: &Driver, id: i64, letters: &[DeadLetter]) -> Result<V
     let mut out = Vec::new();
     for letter in letters {
         let result = |resolved: bool, what: String| Retried {
-            id: letter.doc_id_text.clone(),
+            id: ids::shown_encoded(&letter.doc_id, &letter.doc_id_text),
+            doc_id: ids::extjson_encoded(&letter.doc_id),
             resolved,
             what,
         };

@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::Driver;
 use crate::error::{Error, Result};
+use crate::ids;
 use crate::phase::Phase;
 use crate::reconcile::{self, ReadError, ReconcileOptions, Scene};
 use crate::settings::MigrationSettings;
@@ -56,8 +57,18 @@ pub struct RepairOutcome {
     pub done: Vec<(i64, String)>,
     /// Findings still wrong after the repair.
     pub still_wrong: Vec<NewFinding>,
-    /// Per open shadow-read mismatch: its `_id` (as text) and how it ended.
-    pub shadow: Vec<(String, reconcile::ShadowRepair)>,
+    /// Per open shadow-read mismatch: its `_id` and how it ended.
+    pub shadow: Vec<ShadowRepaired>,
+}
+
+/// How one shadow-read mismatch ended in a repair.
+#[derive(Clone, Debug)]
+pub struct ShadowRepaired {
+    /// The `_id` as text output shows it ([`ids::shown`]).
+    pub id_shown: String,
+    /// The `_id` as Extended JSON.
+    pub doc_id: serde_json::Value,
+    pub result: reconcile::ShadowRepair,
 }
 
 impl RepairOutcome {
@@ -67,7 +78,7 @@ impl RepairOutcome {
             + self
                 .shadow
                 .iter()
-                .filter(|(_, r)| matches!(r, reconcile::ShadowRepair::StillWrong(_)))
+                .filter(|x| matches!(x.result, reconcile::ShadowRepair::StillWrong(_)))
                 .count()
     }
 }
@@ -93,7 +104,7 @@ pub fn check_phase(m: &Migration) -> Result<()> {
 pub async fn scene(driver: &Driver, m: &Migration) -> Result<(Scene, MigrationSettings)> {
     let (from, to) = driver.store.migration_versions(m).await?;
     let shards = driver.shards(true).await?;
-    let skipped: HashSet<String> = driver.store.skipped_ids(m.id).await?.into_iter().collect();
+    let skipped = ids::keys_of_encoded(&driver.store.skipped_ids(m.id).await?);
     let settings = MigrationSettings::from_json(&m.settings).map_err(Error::failed)?;
     Ok((
         Scene {
@@ -342,10 +353,12 @@ pub async fn repair_plan(driver: &Driver, id: i64, run: Option<i64>) -> Result<s
     Ok(serde_json::json!({
         "run": run.map(|r| r.id),
         "findings": findings.iter().map(|f| serde_json::json!({
-            "finding": f.id, "kind": f.kind, "_id": f.doc_id_text,
+            "finding": f.id, "kind": f.kind,
+            "_id": f.doc_id.as_deref().map(ids::extjson_encoded),
         })).collect::<Vec<_>>(),
         "shadow_mismatches": mismatches.iter().map(|x| serde_json::json!({
-            "_id": x.doc_id_text, "source": x.source_location, "target": x.target_location,
+            "_id": ids::extjson_encoded(&x.doc_id),
+            "source": x.source_location, "target": x.target_location,
         })).collect::<Vec<_>>(),
     }))
 }
@@ -380,7 +393,11 @@ pub async fn repair(driver: &Driver, id: i64, run: Option<i64>) -> Result<Repair
                 .resolve_shadow_mismatch(mismatch.id, &resolution)
                 .await?;
         }
-        shadow.push((mismatch.doc_id_text.clone(), result));
+        shadow.push(ShadowRepaired {
+            id_shown: ids::shown_encoded(&mismatch.doc_id, &mismatch.doc_id_text),
+            doc_id: ids::extjson_encoded(&mismatch.doc_id),
+            result,
+        });
     }
     let Some(run) = run else {
         record_repair(driver, id, None, 0, 0, &shadow).await?;
@@ -425,11 +442,11 @@ async fn record_repair(
     run: Option<i64>,
     repaired: usize,
     still_wrong: usize,
-    shadow: &[(String, reconcile::ShadowRepair)],
+    shadow: &[ShadowRepaired],
 ) -> Result<()> {
     let shadow_left = shadow
         .iter()
-        .filter(|(_, r)| matches!(r, reconcile::ShadowRepair::StillWrong(_)))
+        .filter(|x| matches!(x.result, reconcile::ShadowRepair::StillWrong(_)))
         .count();
     driver
         .store

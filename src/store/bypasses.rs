@@ -62,9 +62,10 @@ pub struct Bypass {
     pub migration_id: i64,
     pub shard: String,
     pub collection: String,
-    #[serde(skip)]
+    /// The document's `_id` (Extended JSON), when the event named one.
+    #[serde(rename = "_id", serialize_with = "crate::ids::serialize_encoded_opt")]
     pub doc_id: Option<Vec<u8>>,
-    #[serde(rename = "_id")]
+    #[serde(rename = "id_text")]
     pub doc_id_text: Option<String>,
     pub operation: String,
     pub phase: String,
@@ -251,7 +252,7 @@ impl Store {
         let details = serde_json::json!({
             "bypass": b.id,
             "location": b.location().to_string(),
-            "_id": b.doc_id_text,
+            "_id": b.doc_id.as_deref().map(crate::ids::extjson_encoded),
             "operation": b.operation,
             "resolution": resolution.as_str(),
             "outcome": outcome,

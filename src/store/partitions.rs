@@ -314,8 +314,11 @@ pub struct DeadLetter {
     pub id: i64,
     pub migration_id: i64,
     pub partition_id: Option<i64>,
-    #[serde(skip)]
+    /// The document's `_id`, written as Extended JSON.
+    #[serde(rename = "_id", serialize_with = "crate::ids::serialize_encoded")]
     pub doc_id: Vec<u8>,
+    /// The `_id` as text when it was recorded.
+    #[serde(rename = "id_text")]
     pub doc_id_text: String,
     pub target: Option<String>,
     pub source_shard: Option<String>,
@@ -705,7 +708,7 @@ impl Store {
                         .dead_letters
                         .iter()
                         .take(5)
-                        .map(|d| d.doc_id_text.clone())
+                        .map(|d| crate::ids::extjson_encoded(&d.doc_id))
                         .collect::<Vec<_>>(),
                     "target": first.target,
                     "code": first.code,
@@ -960,7 +963,11 @@ impl Store {
         let migration = migration_in(&mut tx, letter.migration_id).await?;
         let event = NewEvent::new(
             EventKind::DeadletterRetried,
-            json!({ "dead_letter": id, "_id": letter.doc_id_text, "outcome": outcome.as_str() }),
+            json!({
+                "dead_letter": id,
+                "_id": crate::ids::extjson_encoded(&letter.doc_id),
+                "outcome": outcome.as_str(),
+            }),
         );
         events::insert(&mut tx, &migration, actor, &event).await?;
         tx.commit().await?;
@@ -984,36 +991,39 @@ impl Store {
     }
 
     /// The operator accepts that a document will not be copied; the reason goes to the event
-    /// log. Returns the dead letters skipped (all open ones of the id).
+    /// log. `letters` are the open dead letters of one `_id` (the caller matched them by
+    /// value, [`crate::ids::given_matches`]), `shown` that id as the operator gave it. Returns
+    /// the dead letters skipped; none still open is [`StoreError::NotFound`].
     pub async fn skip_dead_letters(
         &self,
         migration_id: i64,
-        doc_id_text: &str,
+        letters: &[i64],
+        shown: &str,
         reason: &str,
         actor: &str,
     ) -> StoreResult<Vec<DeadLetter>> {
         let mut tx = self.pool().begin().await?;
         let skipped: Vec<DeadLetter> = sqlx::query_as(&format!(
             "UPDATE dead_letters SET status = 'skipped', resolved_at = now(), resolution = $3
-             WHERE migration_id = $1 AND doc_id_text = $2 AND status = 'open'
+             WHERE migration_id = $1 AND id = ANY($2) AND status = 'open'
              RETURNING {DEAD_LETTER_COLUMNS}"
         ))
         .bind(migration_id)
-        .bind(doc_id_text)
+        .bind(letters)
         .bind(reason)
         .fetch_all(&mut *tx)
         .await?;
-        if skipped.is_empty() {
+        let Some(first) = skipped.first() else {
             return Err(StoreError::NotFound(format!(
-                "migration {migration_id} has no open dead letter for _id {doc_id_text} \
+                "migration {migration_id} has no open dead letter for _id {shown} \
                  (see `reshard deadletter list {migration_id}`)"
             )));
-        }
+        };
         let migration = migration_in(&mut tx, migration_id).await?;
         let event = NewEvent::new(
             EventKind::DeadletterSkipped,
             json!({
-                "_id": doc_id_text,
+                "_id": crate::ids::extjson_encoded(&first.doc_id),
                 "dead_letters": skipped.iter().map(|d| d.id).collect::<Vec<_>>(),
             }),
         )

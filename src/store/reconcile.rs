@@ -71,8 +71,10 @@ impl std::fmt::Display for FindingKind {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct NewFinding {
     pub kind: FindingKind,
-    #[serde(skip)]
+    /// The document's `_id` (Extended JSON), when the finding is about one document.
+    #[serde(rename = "_id", serialize_with = "crate::ids::serialize_encoded_opt")]
     pub doc_id: Option<Vec<u8>>,
+    #[serde(rename = "id_text")]
     pub doc_id_text: Option<String>,
     pub stratum: Option<String>,
     pub details: serde_json::Value,
@@ -84,8 +86,10 @@ pub struct Finding {
     pub id: i64,
     pub run_id: i64,
     pub kind: FindingKind,
-    #[serde(skip)]
+    /// The document's `_id` (Extended JSON), when the finding is about one document.
+    #[serde(rename = "_id", serialize_with = "crate::ids::serialize_encoded_opt")]
     pub doc_id: Option<Vec<u8>>,
+    #[serde(rename = "id_text")]
     pub doc_id_text: Option<String>,
     pub stratum: Option<String>,
     pub details: serde_json::Value,
@@ -352,11 +356,11 @@ impl Store {
         Ok(())
     }
 
-    /// The `_id`s (as text) of a migration's skipped dead letters: documents an operator
-    /// accepted will not be in the target.
-    pub async fn skipped_ids(&self, migration_id: i64) -> StoreResult<Vec<String>> {
+    /// The `_id`s (as stored, [`crate::ids::encode`]) of a migration's skipped dead letters:
+    /// documents an operator accepted will not be in the target.
+    pub async fn skipped_ids(&self, migration_id: i64) -> StoreResult<Vec<Vec<u8>>> {
         Ok(sqlx::query_scalar(
-            "SELECT doc_id_text FROM dead_letters WHERE migration_id = $1 AND status = 'skipped'",
+            "SELECT doc_id FROM dead_letters WHERE migration_id = $1 AND status = 'skipped'",
         )
         .bind(migration_id)
         .fetch_all(self.pool())

@@ -26,9 +26,10 @@ pub struct NewShadowMismatch<'a> {
 pub struct ShadowMismatch {
     pub id: i64,
     pub migration_id: i64,
-    #[serde(skip)]
+    /// The document's `_id`, written as Extended JSON.
+    #[serde(rename = "_id", serialize_with = "crate::ids::serialize_encoded")]
     pub doc_id: Vec<u8>,
-    #[serde(rename = "_id")]
+    #[serde(rename = "id_text")]
     pub doc_id_text: String,
     pub source_location: String,
     pub target_location: String,
