@@ -96,6 +96,105 @@ pub struct Report {
     pub tenants: Vec<TenantPlan>,
     /// Shards whose write load after exceeds the per-shard limit.
     pub over_limit_after: Vec<String>,
+    /// Whether the target meets the limit, and what would when it does not.
+    pub limit: LimitVerdict,
+}
+
+/// Whether the target keeps every shard within the per-shard write limit, and, when it does
+/// not, what would: more buckets for a tenant that has fewer than its formula asks, more
+/// shards, or a higher limit. Buckets spread a tenant's writes over shards; they cannot make
+/// the shards take more than all of them together can.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct LimitVerdict {
+    /// Every shard of the target stays within the limit.
+    pub within_limit: bool,
+    /// The rated tenants' writes per second together, and with the headroom.
+    pub writes_per_sec: f64,
+    pub writes_with_headroom_per_sec: f64,
+    /// The shards the target places data on.
+    pub target_shards: usize,
+    /// `ceil(writes × (1 + headroom) / limit)`: the fewest shards that take the load at the
+    /// limit, spread evenly.
+    pub shards_needed: u64,
+    /// The limit each shard of the target must take: its hottest shard's writes after,
+    /// with the headroom.
+    pub limit_needed_per_sec: f64,
+    /// The same with the load spread evenly over the target's shards.
+    pub limit_needed_evenly_per_sec: f64,
+    /// Tenants whose target has fewer buckets than the formula recommends, hottest first.
+    pub too_few_buckets: Vec<String>,
+    /// What to do, in words (empty when within the limit).
+    pub advice: Vec<String>,
+}
+
+impl LimitVerdict {
+    fn of(
+        shards: &[ShardLoad],
+        tenants: &[TenantPlan],
+        target_shards: usize,
+        inputs: &Inputs,
+    ) -> Self {
+        let limit = inputs.per_shard_write_limit;
+        let writes: f64 = tenants.iter().map(|t| t.writes_per_sec).sum();
+        let with_headroom = writes * (1.0 + inputs.headroom);
+        let hottest = shards
+            .iter()
+            .max_by(|a, b| a.writes_after.total_cmp(&b.writes_after));
+        let within_limit = shards.iter().all(|s| s.writes_after <= limit);
+        let shards_needed = if limit > 0.0 {
+            ((with_headroom / limit).ceil() as u64).max(1)
+        } else {
+            0
+        };
+        let n = target_shards.max(1);
+        let limit_needed = hottest.map_or(0.0, |s| s.writes_after) * (1.0 + inputs.headroom);
+        let evenly = with_headroom / n as f64;
+        let too_few: Vec<&TenantPlan> = tenants
+            .iter()
+            .filter(|t| t.buckets_in_target < t.recommended_buckets)
+            .collect();
+        let mut advice = Vec::new();
+        if !within_limit {
+            let hottest = hottest.expect("a shard is over the limit");
+            if shards_needed > n as u64 {
+                advice.push(format!(
+                    "buckets alone cannot meet the limit: {writes:.0} writes/s with {:.0} % \
+                     headroom ({with_headroom:.0}/s) need at least {shards_needed} shards at \
+                     {limit:.0}/s each, or a limit of {limit_needed:.0}/s per shard on these \
+                     {n} ({evenly:.0}/s if the load spread evenly)",
+                    inputs.headroom * 100.0
+                ));
+            }
+            for t in &too_few {
+                advice.push(format!(
+                    "give {} {} buckets: it writes {:.0}/s and the target gives it {}",
+                    t.tenant, t.recommended_buckets, t.writes_per_sec, t.buckets_in_target
+                ));
+            }
+            if advice.is_empty() {
+                advice.push(format!(
+                    "the shards have room ({with_headroom:.0} of {:.0} writes/s) but the load \
+                     lands unevenly ({} takes {:.0}/s): give the hottest tenants more buckets, \
+                     or move vbuckets off {}",
+                    limit * n as f64,
+                    hottest.shard,
+                    hottest.writes_after,
+                    hottest.shard
+                ));
+            }
+        }
+        LimitVerdict {
+            within_limit,
+            writes_per_sec: writes,
+            writes_with_headroom_per_sec: with_headroom,
+            target_shards,
+            shards_needed,
+            limit_needed_per_sec: limit_needed,
+            limit_needed_evenly_per_sec: evenly,
+            too_few_buckets: too_few.iter().map(|t| t.tenant.clone()).collect(),
+            advice,
+        }
+    }
 }
 
 /// `ceil(rate × (1 + headroom) / limit)`, at least 1.
@@ -233,6 +332,7 @@ pub fn estimate(
         .filter(|s| s.writes_after > inputs.per_shard_write_limit)
         .map(|s| s.shard.clone())
         .collect();
+    let limit = LimitVerdict::of(&shards, &tenants, to.shards().len(), inputs);
     Report {
         documents_moving: moving,
         bytes_moving,
@@ -244,6 +344,7 @@ pub fn estimate(
         shards,
         tenants,
         over_limit_after,
+        limit,
     }
 }
 
@@ -273,6 +374,65 @@ mod tests {
                 routing_field: None,
             },
         )
+    }
+
+    /// The hot tenant alone (1,200 writes/s) on the four shards of `version(buckets)`.
+    fn hot_report(buckets_before: u32, buckets_after: u32, limit: f64) -> Report {
+        let (from, to) = (version(buckets_before), version(buckets_after));
+        let inputs = Inputs {
+            per_shard_write_limit: limit,
+            headroom: 0.3,
+            window_secs: 600.0,
+            given: vec![(KeyValue::String("hot".into()), 1200.0)],
+            max_docs_per_sec: 1000.0,
+        };
+        estimate(&from, &to, &[], &inputs)
+    }
+
+    #[test]
+    fn the_planner_says_what_meets_the_limit_when_buckets_alone_cannot() {
+        // 1,560 writes/s with headroom over 4 shards of 100/s: no bucket count meets it.
+        let r = hot_report(1, 16, 100.0);
+        let v = &r.limit;
+        assert!(!v.within_limit);
+        assert_eq!(v.target_shards, 4);
+        assert_eq!(v.shards_needed, 16);
+        assert!(
+            (v.limit_needed_evenly_per_sec - 390.0).abs() < 1e-9,
+            "{v:?}"
+        );
+        let hottest = r.shards.iter().map(|s| s.writes_after).fold(0.0, f64::max);
+        assert!(
+            (v.limit_needed_per_sec - hottest * 1.3).abs() < 1e-9,
+            "{v:?}"
+        );
+        assert!(v.too_few_buckets.is_empty(), "{v:?}");
+        assert_eq!(v.advice.len(), 1, "{v:?}");
+        assert!(
+            v.advice[0].contains("at least 16 shards"),
+            "{}",
+            v.advice[0]
+        );
+        assert!(
+            v.advice[0].contains("390/s if the load spread evenly"),
+            "{}",
+            v.advice[0]
+        );
+
+        // At a limit the hottest shard's load meets, the same target is within it.
+        let r = hot_report(1, 16, (hottest * 1.3).ceil());
+        assert!(r.limit.within_limit, "{:?}", r.limit);
+        assert!(r.limit.advice.is_empty() && r.over_limit_after.is_empty());
+
+        // The shards could take it, but the target keeps the tenant on one bucket.
+        let r = hot_report(1, 1, 500.0);
+        let v = &r.limit;
+        assert!(!v.within_limit);
+        assert_eq!(v.shards_needed, 4);
+        assert_eq!(v.too_few_buckets, [r.tenants[0].tenant.clone()]);
+        assert_eq!(v.advice.len(), 1, "{v:?}");
+        assert!(v.advice[0].starts_with("give "), "{}", v.advice[0]);
+        assert!(v.advice[0].contains(" 4 buckets"), "{}", v.advice[0]);
     }
 
     #[test]

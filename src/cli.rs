@@ -334,6 +334,9 @@ pub struct HashUserArgs {
 pub struct PlanArgs {
     /// The playbook (YAML) whose source and target to compare.
     pub file: PathBuf,
+    /// Print every tenant, not the hottest 20 (JSON output always has every one).
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, Args)]
@@ -371,6 +374,10 @@ pub struct ReconcileArgs {
     /// (full runs).
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Print every stratum and finding, not the first 20 of each (JSON output always has
+    /// every one).
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -389,6 +396,10 @@ pub enum ReconcileCommand {
         /// The reconciliation run to show (default: the latest).
         #[arg(long)]
         run: Option<i64>,
+        /// Print every stratum and finding, not the first 20 of each (JSON output always
+        /// has every one).
+        #[arg(long)]
+        all: bool,
     },
 }
 

@@ -117,6 +117,30 @@ where
     println!("{table}");
 }
 
+/// Rows a long table shows on the terminal unless `--all` asks for every one.
+pub const TOP_ROWS: usize = 20;
+
+/// Prints the first [`TOP_ROWS`] of `rows` (every row with `all`), then a line counting the
+/// rest of them (`what`: "tenants", "strata", ...) and how to see them. JSON output always
+/// carries every row.
+pub fn table_top<R, C>(header: &[&str], rows: R, all: bool, what: &str)
+where
+    R: IntoIterator<Item = C>,
+    C: IntoIterator<Item = String>,
+{
+    let mut rows = rows.into_iter();
+    let shown: Vec<C> = if all {
+        rows.by_ref().collect()
+    } else {
+        rows.by_ref().take(TOP_ROWS).collect()
+    };
+    table(header, shown);
+    let rest = rows.count();
+    if rest > 0 {
+        println!("... and {rest} more {what} (--all shows every row)");
+    }
+}
+
 /// Prints `key: value` lines, aligned.
 pub fn fields(pairs: &[(&str, String)]) {
     let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);

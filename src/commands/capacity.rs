@@ -24,7 +24,8 @@ fn bar(value: f64, max: f64) -> String {
     "█".repeat(cells.min(40))
 }
 
-pub fn print(r: &Report) {
+/// The report; the tenant table shows the hottest [`output::TOP_ROWS`] unless `all`.
+pub fn print(r: &Report, all: bool) {
     println!(
         "moves {} documents ({}), {} stay; the copy takes about {:.0}s at {:.0} docs/s",
         r.documents_moving,
@@ -87,7 +88,7 @@ pub fn print(r: &Report) {
             "\nbuckets per tenant: ceil(peak x (1 + {}) / {:.0})",
             r.headroom, r.per_shard_write_limit
         );
-        output::table(
+        output::table_top(
             &[
                 "tenant",
                 "writes/s",
@@ -106,12 +107,38 @@ pub fn print(r: &Report) {
                     t.recommended_buckets.to_string(),
                 ]
             }),
+            all,
+            "tenants",
         );
     }
-    if !r.over_limit_after.is_empty() {
+    let v = &r.limit;
+    if v.within_limit {
+        if v.writes_per_sec > 0.0 {
+            let hottest = r
+                .shards
+                .iter()
+                .max_by(|a, b| a.writes_after.total_cmp(&b.writes_after));
+            if let Some(h) = hottest {
+                println!(
+                    "\nevery shard stays within {:.0} writes/s after the migration (the hottest, {}, takes {:.0}/s)",
+                    r.per_shard_write_limit, h.shard, h.writes_after
+                );
+            }
+        }
+    } else {
+        let over: Vec<String> = r
+            .shards
+            .iter()
+            .filter(|s| r.over_limit_after.contains(&s.shard))
+            .map(|s| format!("{} ({:.0}/s)", s.shard, s.writes_after))
+            .collect();
         println!(
-            "\nover the per-shard limit after the migration: {}",
-            r.over_limit_after.join(", ")
+            "\nover the per-shard limit of {:.0} writes/s after the migration: {}",
+            r.per_shard_write_limit,
+            over.join(", ")
         );
+        for line in &v.advice {
+            println!("  {line}");
+        }
     }
 }

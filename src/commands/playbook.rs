@@ -264,7 +264,9 @@ pub async fn plan(ctx: &Ctx, args: PlanArgs) -> Result<()> {
         Arc::new(crate::driver::Quiet),
     );
     let report = crate::driver::capacity::plan(&driver, &pb).await?;
-    output::emit(ctx.output, &report, || super::capacity::print(&report))
+    output::emit(ctx.output, &report, || {
+        super::capacity::print(&report, args.all)
+    })
 }
 
 /// The run's progress on stderr: a line per step, a bar per task on a terminal (log lines

@@ -14,8 +14,8 @@ use crate::output;
 use crate::reconcile::{ReconcileOptions, ShadowRepair, Stratify};
 
 pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
-    if let Some(ReconcileCommand::Show { id, run }) = args.command {
-        return show(ctx, id, run).await;
+    if let Some(ReconcileCommand::Show { id, run, all }) = args.command {
+        return show(ctx, id, run, all).await;
     }
     let id = args
         .id
@@ -50,7 +50,7 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
         ),
     };
     let outcome = driver::reconcile::run(&driver(ctx), id, request).await?;
-    print_run(ctx, &outcome.run, &outcome.findings)?;
+    print_run(ctx, &outcome.run, &outcome.findings, args.all)?;
     if outcome.passed {
         Ok(())
     } else {
@@ -70,16 +70,17 @@ fn driver(ctx: &Ctx) -> Driver {
     )
 }
 
-async fn show(ctx: &Ctx, id: i64, run: Option<i64>) -> Result<()> {
+async fn show(ctx: &Ctx, id: i64, run: Option<i64>, all: bool) -> Result<()> {
     let run = ctx.store.reconciliation_run(id, run).await?;
     let findings = ctx.store.findings(run.id).await?;
-    print_run(ctx, &run, &findings)
+    print_run(ctx, &run, &findings, all)
 }
 
 fn print_run(
     ctx: &Ctx,
     run: &crate::store::reconcile::Run,
     findings: &[crate::store::reconcile::Finding],
+    all: bool,
 ) -> Result<()> {
     let value = json!({ "run": run, "findings": findings });
     output::emit(ctx.output, &value, || {
@@ -106,7 +107,10 @@ fn print_run(
             ("cleared on re-check", s["rechecked_away"].to_string()),
         ]);
         if let Some(strata) = s["strata"].as_array() {
-            output::table(
+            // The strata with defects first: with one per tenant, the list is long.
+            let mut strata: Vec<&serde_json::Value> = strata.iter().collect();
+            strata.sort_by_key(|st| std::cmp::Reverse(st["defects"].as_u64().unwrap_or(0)));
+            output::table_top(
                 &["stratum", "samples", "defects", "defect rate < (95%)"],
                 strata.iter().map(|st| {
                     [
@@ -118,10 +122,12 @@ fn print_run(
                             .map_or_else(|| "-".to_owned(), |b| format!("{:.2}%", b * 100.0)),
                     ]
                 }),
+                all,
+                "strata",
             );
         }
         if !findings.is_empty() {
-            output::table(
+            output::table_top(
                 &["#", "kind", "_id", "stratum", "details", "repaired"],
                 findings.iter().map(|f| {
                     [
@@ -139,6 +145,8 @@ fn print_run(
                         output::or_dash(f.resolution.clone()),
                     ]
                 }),
+                all,
+                "findings",
             );
         }
     })
