@@ -1,9 +1,10 @@
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let cli = reshard::Cli::parse();
+    let cli = match reshard::parse_args(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

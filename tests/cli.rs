@@ -1524,4 +1524,61 @@ fn under_json_output_an_error_is_one_object_with_its_code_message_hint_and_exit(
         "{}",
         stderr(&out)
     );
+
+    // A usage error, which clap finds before any command runs, is one object too, with
+    // what is wrong as its message and the usage as its hint; without JSON, clap's text.
+    for args in [
+        &["--output", "json", "deadletter", "skip", "3", "--idd", "x"][..],
+        &["deadletter", "skip", "3", "--output=json"],
+        &["--log-format", "json", "migration", "show", "abc"],
+    ] {
+        let out = support::bin_without_db().args(args).output().unwrap();
+        assert_eq!(code(&out), 2, "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        let e = &json_error(&out)["error"];
+        assert_eq!(e["code"], "usage", "{args:?}: {e}");
+        assert_eq!(e["exit"], 2, "{e}");
+        assert!(!e["message"].as_str().unwrap().is_empty(), "{e}");
+        assert!(!e["message"].as_str().unwrap().contains("--help"), "{e}");
+    }
+    let e = &json_error(
+        &support::bin_without_db()
+            .args([
+                "--output",
+                "json",
+                "deadletter",
+                "skip",
+                "3",
+                "--reason",
+                "r",
+            ])
+            .output()
+            .unwrap(),
+    )["error"];
+    assert!(e["message"].as_str().unwrap().contains("--id <ID>"), "{e}");
+    assert!(
+        e["hint"]
+            .as_str()
+            .unwrap()
+            .contains("Usage: reshard deadletter skip"),
+        "{e}"
+    );
+    let out = support::bin_without_db()
+        .args(["deadletter", "skip", "3", "--idd", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).starts_with("error: unexpected argument '--idd'"),
+        "{}",
+        stderr(&out)
+    );
+    // --help and --version are no errors, whatever the output format.
+    let out = support::bin_without_db()
+        .args(["--output", "json", "--version"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0);
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(version.starts_with("reshard "), "{version}");
 }
