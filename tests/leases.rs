@@ -551,6 +551,8 @@ async fn the_copy_back_finishes_partitions_of_ten_lease_periods_with_a_holder_ki
     drop(forward);
     // The application's writes since the switch are what the copy back carries.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    // Slow enough that a partition outlasts ten lease periods however many documents the
+    // application wrote since the switch (15/s gave 9.9 periods on a loaded machine).
     reshard_ok(
         &w.db,
         &[
@@ -558,7 +560,7 @@ async fn the_copy_back_finishes_partitions_of_ten_lease_periods_with_a_holder_ki
             "set",
             &id,
             "--max-docs-per-sec",
-            "15",
+            "10",
             "--batch-size",
             "10",
         ],

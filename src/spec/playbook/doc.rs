@@ -49,6 +49,7 @@ pub struct PlaybookDoc {
     /// The steps, in order. Left out: the whole forward path, with an approval before
     /// cleanup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub steps: Option<Vec<StepDoc>>,
 }
 
@@ -366,6 +367,7 @@ pub enum StrataDoc {
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum SoakDoc {
+    #[schemars(extend("x-duration" = true))]
     For(String),
     With(SoakWith),
 }
@@ -474,7 +476,28 @@ pub fn schema() -> serde_json::Value {
     if let Some(object) = schema.as_object_mut() {
         object.insert("$id".into(), SCHEMA_ID.into());
     }
+    constrain_durations(&mut schema);
     schema
+}
+
+/// What a duration's text looks like (humantime: whole numbers, each with its unit: `500ms`,
+/// `1h 30m`): a superset of what [`crate::duration::parse`] reads, so that an editor flags a
+/// bare number or a sentence while the check of meaning keeps the last word (`0s`, an unknown
+/// unit).
+pub const DURATION_PATTERN: &str = r"^\s*([0-9]+\s*[A-Za-zµ]+\s*)+$";
+
+/// Gives every schema marked `x-duration` the [`DURATION_PATTERN`].
+fn constrain_durations(node: &mut serde_json::Value) {
+    match node {
+        serde_json::Value::Object(map) => {
+            if map.get("x-duration") == Some(&serde_json::Value::Bool(true)) {
+                map.insert("pattern".into(), DURATION_PATTERN.into());
+            }
+            map.values_mut().for_each(constrain_durations);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(constrain_durations),
+        _ => {}
+    }
 }
 
 /// The `$id` of the playbook schema: the format's name, a URN since the schema is shipped

@@ -223,11 +223,14 @@ impl From<ForwardPhase> for Phase {
 pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>> {
     let locator = YamlLocator::new(text);
     let located = |problems: Problems| -> Vec<SpecError> {
-        problems
+        let mut errors: Vec<SpecError> = problems
             .0
             .into_iter()
             .map(|(path, message)| locator.error(file, path, message))
-            .collect()
+            .collect();
+        // In the order of the file (a problem of the whole file first).
+        errors.sort_by_key(|e| (e.line.unwrap_or(0), e.column.unwrap_or(0)));
+        errors
     };
     let value: serde_yaml::Value =
         serde_yaml::from_str(text).map_err(|e| vec![yaml_error(file, &e)])?;
@@ -248,11 +251,11 @@ pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>
         }
     };
     let shape = shape_problems(&json);
-    if !shape.0.is_empty() {
-        return Err(located(shape));
-    }
     let doc: PlaybookDoc = match serde_yaml::from_value(value) {
         Ok(doc) => doc,
+        // A shape the types cannot read (a wrong type, an unknown or missing field): the
+        // schema's problems are all there is to say.
+        Err(_) if !shape.0.is_empty() => return Err(located(shape)),
         // The schema accepted it: a mismatch between schema and types is a bug, reported
         // rather than hidden.
         Err(e) => {
@@ -261,12 +264,27 @@ pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>
             return Err(located(p));
         }
     };
+    // The types read it, so the checks of meaning run even when the schema found problems
+    // (a value out of its range or pattern): every problem of the file is told at once.
     let mut problems = Problems::default();
     let playbook = resolve(doc, &mut problems);
     match playbook {
-        Some(playbook) if problems.0.is_empty() => Ok(playbook),
-        _ => Err(located(problems)),
+        Some(playbook) if problems.0.is_empty() && shape.0.is_empty() => Ok(playbook),
+        _ => Err(located(merged(shape, problems))),
     }
+}
+
+/// The schema's problems and the checks of meaning's together, in the order of the file's
+/// fields: where both name one field, the check of meaning's words (written for that field)
+/// stand alone.
+fn merged(shape: Problems, meaning: Problems) -> Problems {
+    let mut all = meaning.0;
+    for (path, message) in shape.0 {
+        if !all.iter().any(|(p, _)| *p == path) {
+            all.push((path, message));
+        }
+    }
+    Problems(all)
 }
 
 #[cfg(test)]

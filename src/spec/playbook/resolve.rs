@@ -113,6 +113,10 @@ pub(super) fn duration(text: &str, path: &str, problems: &mut Problems) -> Optio
 /// Whether the field at `path` (`steps[1].advance.timeout`) holds a duration: its name is
 /// one the schema marks with `x-duration`, so a number there gets the unit to write rather
 /// than "wrong type".
+/// What an empty `steps` list is told (by the schema's `minItems` and the check of meaning).
+pub(super) const NO_STEPS: &str = "no steps; leave `steps` out for the whole forward path \
+     (with an approval before cleanup), or list the steps to run";
+
 pub(super) fn is_duration_field(path: &str) -> bool {
     fn collect(node: &serde_json::Value, names: &mut BTreeSet<String>) {
         match node {
@@ -321,11 +325,7 @@ pub(super) fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<P
         }
     }
     if doc.steps.as_ref().is_some_and(|s| s.is_empty()) {
-        problems.add(
-            "steps",
-            "no steps; leave `steps` out for the whole forward path (with an approval before \
-             cleanup), or list the steps to run",
-        );
+        problems.add("steps", NO_STEPS);
     }
     // A target that routes every document where the source does moves nothing: the
     // migration would run every phase for no change (a copy of the source pasted twice).

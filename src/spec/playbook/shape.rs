@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use super::doc::{schema, STEP_KINDS};
-use super::resolve::is_duration_field;
+use super::resolve::{is_duration_field, NO_STEPS};
 use crate::spec::Problems;
 
 /// Every problem of the document's shape, by the JSON Schema.
@@ -104,6 +104,7 @@ pub(super) fn describe(
             path.to_owned(),
             format!("{found} needs exactly 3 numbers (cumulative percentages, the last 100)"),
         ),
+        K::MinItems { .. } if path == "steps" => (path.to_owned(), NO_STEPS.to_owned()),
         K::MinItems { limit } => (
             path.to_owned(),
             format!("{found} needs at least {limit} item(s)"),
@@ -120,6 +121,18 @@ pub(super) fn describe(
             path.to_owned(),
             format!("{found} is too long; at most {limit} character(s)"),
         ),
+        // A duration is told what the duration parser says of it (the unit to write).
+        K::Pattern { .. } if is_duration_field(path) && error.instance().is_string() => {
+            let text = error.instance().as_str().unwrap_or_default();
+            let message = match crate::duration::parse(text) {
+                Err(e) => e,
+                Ok(_) => format!(
+                    "{found} is not a duration; write {}",
+                    crate::duration::FORMS
+                ),
+            };
+            (path.to_owned(), message)
+        }
         K::Pattern { pattern } => (
             path.to_owned(),
             format!("{found} is not allowed; it must match {pattern}"),
