@@ -167,7 +167,6 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                 .map(|r| {
                     serde_json::json!({
                         "_id": r.doc_id,
-                        "id_text": r.id,
                         "resolved": r.resolved,
                         "result": r.what,
                     })
