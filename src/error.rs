@@ -63,6 +63,14 @@ impl Error {
         }
     }
 
+    /// [`Error::with_hint`] when there is a hint, else the error as it is.
+    pub fn with_some_hint(self, hint: Option<String>) -> Self {
+        match hint {
+            Some(hint) => self.with_hint(hint),
+            None => self,
+        }
+    }
+
     pub fn exit(&self) -> u8 {
         match self {
             Error::Hinted { error, .. } => error.exit(),

@@ -295,6 +295,14 @@ pub fn shown_encoded(bytes: &[u8], fallback: &str) -> String {
     decode(bytes).map_or_else(|_| fallback.to_owned(), |id| shown(&id))
 }
 
+/// [`shown_encoded`] of an id that may be absent: the stored text when no id was stored.
+pub fn shown_stored(bytes: Option<&[u8]>, text: Option<&str>) -> Option<String> {
+    match bytes {
+        Some(bytes) => Some(shown_encoded(bytes, text.unwrap_or("?"))),
+        None => text.map(str::to_owned),
+    }
+}
+
 fn string_needs_quotes(s: &str) -> bool {
     s.is_empty()
         || s.trim() != s

@@ -234,19 +234,17 @@ async fn an_int_id_and_a_string_id_that_read_alike_stay_two_ids() {
             .unwrap()
     };
     // A quoted string names the string id only.
-    let out = cli(&[
-        "deadletter",
-        "skip",
-        id,
-        "--id",
-        "\"13996721\"",
-        "--reason",
-        "r",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    json(
+        &w,
+        &[
+            "deadletter",
+            "skip",
+            id,
+            "--id",
+            "\"13996721\"",
+            "--reason",
+            "r",
+        ],
     );
     let open = json(&w, &["deadletter", "list", id]);
     assert_eq!(ids_of(&open), std::slice::from_ref(&long), "{open:#}");
@@ -265,23 +263,20 @@ async fn an_int_id_and_a_string_id_that_read_alike_stay_two_ids() {
         "{error:#}"
     );
     // Extended JSON names the int64 id only.
-    let out = cli(&[
-        "bypass",
-        "resolve",
-        id,
-        "--id",
-        r#"{"$numberLong": "13996721"}"#,
-        "--action",
-        "ignore",
-        "--reason",
-        "r",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let resolved = json(
+        &w,
+        &[
+            "bypass",
+            "resolve",
+            id,
+            "--id",
+            r#"{"$numberLong": "13996721"}"#,
+            "--action",
+            "ignore",
+            "--reason",
+            "r",
+        ],
     );
-    let resolved: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         ids_of(&resolved),
         std::slice::from_ref(&long),
@@ -290,19 +285,17 @@ async fn an_int_id_and_a_string_id_that_read_alike_stay_two_ids() {
     let open = json(&w, &["bypass", "list", id]);
     assert_eq!(ids_of(&open), std::slice::from_ref(&text), "{open:#}");
     // A bare number names the number, whatever its width.
-    let out = cli(&[
-        "deadletter",
-        "skip",
-        id,
-        "--id",
-        "13996721",
-        "--reason",
-        "r",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    json(
+        &w,
+        &[
+            "deadletter",
+            "skip",
+            id,
+            "--id",
+            "13996721",
+            "--reason",
+            "r",
+        ],
     );
     let open = json(&w, &["deadletter", "list", id]);
     assert_eq!(open, serde_json::json!([]), "{open:#}");

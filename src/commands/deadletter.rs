@@ -75,7 +75,7 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                 .store
                 .skip_dead_letters(id, &letters, &shown, &reason, &ctx.actor)
                 .await
-                .map_err(|e| with_hint(e.into(), &given))?;
+                .map_err(|e| Error::from(e).with_some_hint(ids::given_hint(&given)))?;
             let doc_id = shown;
             output::emit_change(
                 ctx.output,
@@ -116,13 +116,11 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                 .collect();
             if chosen.is_empty() {
                 return Err(match given {
-                    Some(g) => with_hint(
-                        Error::bad_input(format!(
-                            "migration {id} has no open dead letter for _id {} (see `reshard deadletter list {id}`)",
-                            ids::shown(&g)
-                        )),
-                        &g,
-                    ),
+                    Some(g) => Error::bad_input(format!(
+                        "migration {id} has no open dead letter for _id {} (see `reshard deadletter list {id}`)",
+                        ids::shown(&g)
+                    ))
+                    .with_some_hint(ids::given_hint(&g)),
                     None => Error::bad_input(format!("migration {id} has no open dead letters")),
                 });
             }
@@ -195,14 +193,5 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
             }
             Ok(())
         }
-    }
-}
-
-/// An error about a given id that matched nothing, with how to give a string id when the id
-/// was read as a number.
-fn with_hint(error: Error, given: &mongodb::bson::Bson) -> Error {
-    match ids::given_hint(given) {
-        Some(hint) => error.with_hint(hint),
-        None => error,
     }
 }

@@ -133,13 +133,10 @@ fn print_run(
                     [
                         f.id.to_string(),
                         f.kind.to_string(),
-                        output::or_dash(match (&f.doc_id, &f.doc_id_text) {
-                            (Some(bytes), text) => Some(crate::ids::shown_encoded(
-                                bytes,
-                                text.as_deref().unwrap_or("?"),
-                            )),
-                            (None, text) => text.clone(),
-                        }),
+                        output::or_dash(crate::ids::shown_stored(
+                            f.doc_id.as_deref(),
+                            f.doc_id_text.as_deref(),
+                        )),
                         output::or_dash(f.stratum.clone()),
                         f.details.to_string(),
                         output::or_dash(f.resolution.clone()),

@@ -86,10 +86,7 @@ pub async fn resolve(
                     "migration {id} has no open bypass of _id {} (`reshard bypass list {id}`)",
                     ids::shown(x)
                 ));
-                match ids::given_hint(x) {
-                    Some(hint) => error.with_hint(hint),
-                    None => error,
-                }
+                error.with_some_hint(ids::given_hint(x))
             }
         });
     };
@@ -148,10 +145,7 @@ pub async fn resolve(
 
 /// A bypass's `_id` as text output shows it ([`ids::shown`]), when it names one.
 pub fn shown(b: &Bypass) -> Option<String> {
-    match (&b.doc_id, &b.doc_id_text) {
-        (Some(bytes), text) => Some(ids::shown_encoded(bytes, text.as_deref().unwrap_or("?"))),
-        (None, text) => text.clone(),
-    }
+    ids::shown_stored(b.doc_id.as_deref(), b.doc_id_text.as_deref())
 }
 
 /// Why bypass `b` of migration `id` cannot be recopied now, if it cannot.
