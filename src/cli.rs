@@ -80,9 +80,12 @@ pub enum Command {
     /// Where a document lives.
     #[command(subcommand)]
     Route(RouteCommand),
-    /// Routers embedded in applications.
+    /// Routers: the library applications embed, and `reshard front`s.
     #[command(subcommand)]
-    Routers(RoutersCommand),
+    Router(RouterCommand),
+    /// The old name of `router` (deprecated: accepted until 0.2, with a warning).
+    #[command(subcommand, hide = true)]
+    Routers(RouterCommand),
     /// Run a migration's work (backfill, cleanup waves, the copy back of a rollback): claim
     /// partitions under leases and process them. Run any number, anywhere.
     Worker(WorkerArgs),
@@ -117,8 +120,10 @@ pub enum Command {
     Front(FrontArgs),
     /// Approve a playbook's manual gate; the next `reshard run` goes past it.
     Approve {
-        /// The playbook's name.
-        name: String,
+        /// The migration the playbook drives (as `reshard run` printed it). A playbook's name
+        /// is still accepted, with a warning, until 0.2.
+        #[arg(value_name = "MIGRATION_ID")]
+        migration: String,
         /// The approval step's name (as `reshard run` printed it).
         #[arg(long)]
         step: String,
@@ -164,6 +169,18 @@ pub enum Command {
 }
 
 impl Command {
+    /// The old words of this command line and the words that replace them, when it uses a
+    /// deprecated name ([`crate::vocabulary::RENAMED_COMMANDS`]).
+    pub fn deprecated_words(&self) -> Option<(&'static str, &'static str)> {
+        use crate::vocabulary::RENAMED_COMMANDS as R;
+        match self {
+            Command::Routers(RouterCommand::Forget(_)) => Some(R[0]),
+            Command::Routers(_) => Some(R[1]),
+            Command::Router(RouterCommand::Forget(_)) => Some(R[2]),
+            _ => None,
+        }
+    }
+
     /// Whether the command was asked for a dry run whose changes go through the state store
     /// and are rolled back there ([`crate::store::Store::dry_run`]). `migration advance` and
     /// `rollback`, `version create` and `run` check their moves themselves.
@@ -189,7 +206,14 @@ impl Command {
                 | HookCommand::Remove { dry_run, .. }
                 | HookCommand::Deliver { dry_run, .. },
             )
-            | Command::Routers(RoutersCommand::Forget { dry_run, .. })
+            | Command::Router(
+                RouterCommand::Remove(RouterRemoveArgs { dry_run, .. })
+                | RouterCommand::Forget(RouterRemoveArgs { dry_run, .. }),
+            )
+            | Command::Routers(
+                RouterCommand::Remove(RouterRemoveArgs { dry_run, .. })
+                | RouterCommand::Forget(RouterRemoveArgs { dry_run, .. }),
+            )
             | Command::Approve { dry_run, .. }
             | Command::Repair { dry_run, .. } => *dry_run,
             _ => false,
@@ -288,7 +312,7 @@ pub struct FrontArgs {
         hide_env_values = true
     )]
     pub passthrough_uri: Option<String>,
-    /// The name this front's routers register under (`reshard routers list`); default
+    /// The name this front's routers register under (`reshard router list`); default
     /// `front HOST:PORT` of --listen.
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
@@ -666,7 +690,7 @@ pub enum BypassAction {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum RoutersCommand {
+pub enum RouterCommand {
     /// Each router: its epoch, lease age and reported latencies.
     List {
         /// Only this collection (DATABASE.COLLECTION).
@@ -675,13 +699,19 @@ pub enum RoutersCommand {
     },
     /// Remove the registration of a router that stopped without deregistering (crashed). Refused
     /// while it may still be serving: until a fence margin after its lease ran out.
-    Forget {
-        /// The router's id (`reshard routers list`).
-        id: uuid::Uuid,
-        /// Make every check and show what would change; change nothing.
-        #[arg(long)]
-        dry_run: bool,
-    },
+    Remove(RouterRemoveArgs),
+    /// The old name of `remove` (deprecated: accepted until 0.2, with a warning).
+    #[command(hide = true)]
+    Forget(RouterRemoveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RouterRemoveArgs {
+    /// The router's id (`reshard router list`).
+    pub id: uuid::Uuid,
+    /// Make every check and show what would change; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -152,6 +152,9 @@ pub struct MigrationFacts<'a> {
     pub phase: &'a str,
     pub epoch: i64,
     pub paused: bool,
+    /// Why the migration failed, if it did.
+    pub failure_reason: Option<&'a str>,
+    /// The old name of `failure_reason` (deprecated, written beside it until 0.2).
     pub failure: Option<&'a str>,
 }
 
@@ -308,6 +311,7 @@ mod tests {
                 phase: "backfill",
                 epoch: 9,
                 paused: false,
+                failure_reason: None,
                 failure: None,
             },
             event: EventFacts {

@@ -43,6 +43,7 @@ pub mod spec;
 pub mod store;
 pub mod telemetry;
 pub mod throttle;
+pub mod vocabulary;
 pub mod watch;
 
 use std::process::ExitCode;

@@ -276,7 +276,7 @@ async fn follow_round(
         let caught = catch_up(store, connected, &m, (&from, &to), false, None, actor).await?;
         if caught.bypasses > 0 {
             tracing::warn!(
-                migration = m.id,
+                migration_id = m.id,
                 bypasses = caught.bypasses,
                 "writes bypassed the router (`reshard bypass list {}`)",
                 m.id

@@ -459,7 +459,7 @@ async fn the_barrier_stops_waiting_for_a_router_once_its_lease_has_expired() {
         "{}",
         stderr(&out)
     );
-    let routers = json(&db, &["routers", "list", "--collection", "orders"]);
+    let routers = json(&db, &["router", "list", "--collection", "orders"]);
     assert_eq!(routers[0]["name"], "crashed-api");
     assert_eq!(routers[0]["live"], false);
 }
@@ -790,10 +790,10 @@ async fn the_barrier_waits_for_a_slow_router_to_drain_and_acknowledge() {
         stderr(&out)
     );
     assert_eq!(in_flight.await.unwrap().unwrap(), None);
-    let routers = json(&db, &["routers", "list", "--collection", "orders"]);
+    let routers = json(&db, &["router", "list", "--collection", "orders"]);
     assert_eq!(routers[0]["acked_epoch"], 2);
     router.shutdown().await;
-    assert_eq!(json(&db, &["routers", "list"]).as_array().unwrap().len(), 0);
+    assert_eq!(json(&db, &["router", "list"]).as_array().unwrap().len(), 0);
 }
 
 #[tokio::test]
@@ -925,7 +925,7 @@ async fn logs_follow_reshard_log_and_can_be_json() {
     let event: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(event["level"], "INFO");
     assert_eq!(event["action"], "pause");
-    assert_eq!(event["migration"], m["id"]);
+    assert_eq!(event["migration_id"], m["id"]);
     // Without RESHARD_LOG, the same command logs nothing at info level.
     let quiet = reshard(&db, &["migration", "resume", &id]);
     assert!(!stderr(&quiet).contains("migration changed"));

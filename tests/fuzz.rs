@@ -301,7 +301,9 @@ const WORDS: &[&str] = &[
     "status",
     "route",
     "explain",
+    "router",
     "routers",
+    "remove",
     "forget",
     "wait",
     "worker",
@@ -514,7 +516,7 @@ fn command(spec_files: Vec<String>) -> impl Strategy<Value = Vec<String>> {
             "[a-z0-9-]{0,10}"
         ]
         .prop_map(move |id| {
-            let mut v = s(&["routers", "forget"]);
+            let mut v = s(&["router", "remove"]);
             v.push(id);
             v
         }),

@@ -202,6 +202,8 @@ async fn hooks_receive_their_events_and_a_failure_is_logged_or_holds_the_migrati
     let got = received(&rec);
     assert_eq!(kinds(&got), ["advance", "fail"], "{got:?}");
     assert_eq!(got[1]["event"]["reason"], "the test failed it");
+    assert_eq!(got[1]["migration"]["failure_reason"], "the test failed it");
+    // The old name stays beside it until 0.2.
     assert_eq!(got[1]["migration"]["failure"], "the test failed it");
     reshard_ok(db, &["migration", "resume", &id]);
 
@@ -375,7 +377,7 @@ steps:
     reshard_ok(db, &["run", &file]);
     assert_eq!(received(&rec).len(), 2);
 
-    reshard_ok(db, &["approve", "invoices-hooks", "--step", "go-ahead"]);
+    reshard_ok(db, &["approve", &id, "--step", "go-ahead"]);
     reshard_ok(db, &["run", &file]);
     let got = received(&rec);
     assert_eq!(

@@ -1104,7 +1104,7 @@ async fn a_worker_started_before_a_shard_exists_connects_to_it_when_a_migration_
     let created: serde_json::Value = serde_json::from_str(&created).unwrap();
     let id = created["id"]
         .as_i64()
-        .or(created["migration"].as_i64())
+        .or(created["migration_id"].as_i64())
         .unwrap_or_else(|| panic!("{created}"))
         .to_string();
     for phase in ["dual_read", "write_switch", "backfill"] {

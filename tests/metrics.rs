@@ -325,7 +325,7 @@ async fn status_watch_streams_one_json_object_per_refresh() {
     assert_eq!(lines.len(), 3);
     for line in &lines {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        assert_eq!(v["migration"], w.migration);
+        assert_eq!(v["migration_id"], w.migration);
         assert_eq!(v["phase"], "backfill");
         assert_eq!(v["active_task"], "backfill");
         for key in ["tasks", "routers", "bypasses", "throttle", "findings_open"] {

@@ -650,11 +650,11 @@ async fn a_silent_router_holds_phase_changes_until_its_deadline_and_is_forgotten
     };
 
     // Forgetting it before its deadline is refused, and changes nothing.
-    let out = reshard(&["routers", "forget", &id.to_string()]);
+    let out = reshard(&["router", "remove", &id.to_string()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("may still be serving until"), "{stderr}");
-    let listed = reshard(&["routers", "list", "--output", "json"]);
+    let listed = reshard(&["router", "list", "--output", "json"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains(&id.to_string()));
 
     // The barrier of the next move waits for it until its lease and margin ran out.
@@ -675,15 +675,15 @@ async fn a_silent_router_holds_phase_changes_until_its_deadline_and_is_forgotten
     );
 
     // After the deadline it may be forgotten; then it is gone from the list.
-    let out = reshard(&["routers", "forget", &id.to_string()]);
+    let out = reshard(&["router", "remove", &id.to_string()]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let listed = reshard(&["routers", "list", "--output", "json"]);
+    let listed = reshard(&["router", "list", "--output", "json"]);
     assert!(!String::from_utf8_lossy(&listed.stdout).contains(&id.to_string()));
-    let out = reshard(&["routers", "forget", &id.to_string()]);
+    let out = reshard(&["router", "remove", &id.to_string()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no router"));
 }

@@ -224,10 +224,12 @@ fn run_to_the_end(f: &Fixture, file: &Path) -> Vec<String> {
             "done" => return approved,
             "waiting_for_approval" => {
                 let step = end["step"].as_str().unwrap().to_owned();
-                let name = end["playbook"].as_str().unwrap();
+                let id = end["migration_id"].to_string();
+                // The old key stays beside the new one until 0.2.
+                assert_eq!(end["migration"], end["migration_id"], "{end}");
                 let command = end["command"].as_str().unwrap();
-                assert_eq!(command, format!("reshard approve {name} --step {step}"));
-                let out = f.reshard(&["approve", name, "--step", &step, "--reason", "test"]);
+                assert_eq!(command, format!("reshard approve {id} --step {step}"));
+                let out = f.reshard(&["approve", &id, "--step", &step, "--reason", "test"]);
                 assert!(out.status.success(), "{}", stderr(&out));
                 approved.push(step);
             }

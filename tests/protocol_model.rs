@@ -42,7 +42,7 @@
 //!   ever after and its remaining operations never run. Its pending step never lands, unlike a
 //!   killed worker's orphans: a router's commands end by its lease's deadline, before the
 //!   driver counts it out. The migration must end without it;
-//! - a forgotten router (`Setup::forgets`, `Act::Forget`, `reshard routers forget`): an
+//! - a forgotten router (`Setup::forgets`, `Act::Forget`, `reshard router remove`): an
 //!   operator removes its registration, allowed only once its lease (plus the margin) ran out,
 //!   when the driver counts it out anyway, and never in `reverting` or `revert_switch`. A
 //!   silent (not crashed) router that comes back finds its registration gone and registers
@@ -1421,7 +1421,7 @@ struct Setup {
     /// How many routers may crash in a run: stop for good, possibly mid-operation, never
     /// renew; the driver counts them out once their lease ran out.
     crashes: u8,
-    /// How many times in a run an operator may forget a router (`reshard routers forget`).
+    /// How many times in a run an operator may forget a router (`reshard router remove`).
     forgets: u8,
     /// How many batches each worker's partition is cut into, in id order (1 to the
     /// workload's ids): batch k covers the ids from `k * ids / batches` on.
@@ -1471,7 +1471,7 @@ enum Act {
     /// happen, it never renews, and the driver counts it out once its lease ran out (the
     /// crash's effect on the protocol is its lease running out with no renewal ever after).
     Crash(usize),
-    /// An operator removes the router's registration (`reshard routers forget`).
+    /// An operator removes the router's registration (`reshard router remove`).
     Forget(usize),
     Start(usize),
     Step(usize),

@@ -1759,7 +1759,7 @@ async fn without_shadow_reads_nothing_is_compared_until_they_are_turned_on() {
     assert_eq!(shown["reads_compared"], 0, "{shown:#}");
     assert_eq!(shown["mismatches"], 0, "{shown:#}");
     assert_eq!(shown["open_mismatches"], 0, "{shown:#}");
-    let routers = fx.cli(&["--output", "json", "routers", "list"]).await;
+    let routers = fx.cli(&["--output", "json", "router", "list"]).await;
     routers.expect_code(0, "routers list");
     let routers = routers.json();
     let stats = &routers.as_array().unwrap()[0]["stats"]["shadow"];

@@ -460,13 +460,13 @@ async fn no_password_in_the_store_the_events_the_output_or_the_logs() {
     )
     .unwrap();
     assert_eq!(first["end"], "waiting_for_approval", "{first}");
-    let id = first["migration"].as_i64().unwrap().to_string();
+    let id = first["migration_id"].as_i64().unwrap().to_string();
     // The read commands, in the middle of the run and in both formats.
     for args in read_commands(&id) {
         run.reshard_ok(&args.iter().map(String::as_str).collect::<Vec<_>>())
             .await;
     }
-    run.reshard_ok(&["approve", "secrets", "--step", "approve-cleanup"])
+    run.reshard_ok(&["approve", &id, "--step", "approve-cleanup"])
         .await;
     let end: Value = serde_json::from_str(
         &run.reshard_ok(&["--output", "json", "run", &file, "--workers", "0"])
@@ -601,7 +601,7 @@ fn read_commands(id: &str) -> Vec<Vec<String>> {
         vec!["migration", "status", id],
         vec!["migration", "status", id, "--partitions"],
         vec!["migration", "history", id],
-        vec!["routers", "list"],
+        vec!["router", "list"],
         vec!["throttle", "show", id],
         vec!["deadletter", "list", id],
         vec!["reconcile", "show", id],

@@ -79,6 +79,73 @@ fn broken(key: &str) -> Option<&'static str> {
     None
 }
 
+/// Why the key `key` of `object` breaks the shared names, if it does: a migration another
+/// object refers to is `migration_id`, why it failed is `failure_reason`. An old name
+/// (`reshard::vocabulary::RENAMED_KEYS`) is allowed only beside its new one, with its value,
+/// until 0.2. A hook's `migration` is the migration itself (an object), not a reference.
+fn unshared(object: &serde_json::Map<String, serde_json::Value>, key: &str) -> Option<String> {
+    let value = &object[key];
+    for (old, new) in reshard::vocabulary::RENAMED_KEYS {
+        if key != *old || value.is_object() {
+            continue;
+        }
+        if object.get(*new) == Some(value) {
+            return None;
+        }
+        return Some(format!(
+            "`{old}` is `{new}` (the old name only beside the new, until 0.2)"
+        ));
+    }
+    None
+}
+
+/// Every shared-name problem of `v`, with its path.
+fn unshared_names(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, child) in map {
+                if let Some(why) = unshared(map, k) {
+                    out.push(format!("{path}.{k}: {why}"));
+                }
+                if k.starts_with('$') || k == "_id" || k == "document" {
+                    continue;
+                }
+                unshared_names(child, &format!("{path}.{k}"), out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                unshared_names(item, &format!("{path}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_shared_names_rule_sees_what_it_should() {
+    let problems = |v: serde_json::Value| {
+        let mut out = Vec::new();
+        unshared_names(&v, "c", &mut out);
+        out
+    };
+    assert!(problems(serde_json::json!({ "migration_id": 3 })).is_empty());
+    assert!(problems(serde_json::json!({ "migration_id": 3, "migration": 3 })).is_empty());
+    assert!(problems(
+        serde_json::json!({ "migration": { "id": 3, "failure_reason": null, "failure": null } })
+    )
+    .is_empty());
+    assert_eq!(problems(serde_json::json!({ "migration": 3 })).len(), 1);
+    assert_eq!(
+        problems(serde_json::json!({ "migration_id": 4, "migration": 3 })).len(),
+        1
+    );
+    assert_eq!(
+        problems(serde_json::json!({ "x": [{ "failure": "boom" }] })).len(),
+        1
+    );
+}
+
 #[test]
 fn the_style_rule_sees_what_it_should() {
     assert_eq!(broken("documents_copied"), None);
@@ -137,8 +204,17 @@ async fn every_key_of_every_read_commands_json_is_snake_case_with_units() {
         vec!["migration", "show", id],
         vec!["migration", "status", id],
         vec!["migration", "history", id],
-        vec!["routers", "list"],
+        vec!["router", "list"],
         vec!["throttle", "show", id],
+        vec!["throttle", "set", id, "--batch-size", "100", "--dry-run"],
+        vec![
+            "migration",
+            "configure",
+            id,
+            "--max-missing",
+            "0",
+            "--dry-run",
+        ],
         vec!["deadletter", "list", id, "--all"],
         vec!["hook", "list", id],
         vec!["migration", "advance", id, "--to", "dual_read", "--dry-run"],
@@ -153,6 +229,7 @@ async fn every_key_of_every_read_commands_json_is_snake_case_with_units() {
                 wrong.push(format!("{path}.{key}: {why}"));
             }
         }
+        unshared_names(&value, &args.join(" "), &mut wrong);
     }
     router.shutdown().await;
     wrong.sort();
@@ -311,4 +388,85 @@ async fn an_int_id_and_a_string_id_that_read_alike_stay_two_ids() {
     assert_eq!(out.status.code(), Some(2));
     let error = String::from_utf8_lossy(&out.stderr);
     assert!(error.contains("not JSON"), "{error}");
+}
+
+/// The old command words (`reshard::vocabulary::RENAMED_COMMANDS`) still run their command
+/// until 0.2, each with one warning that names the new words; the new words warn of nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_command_words_still_work_with_a_warning_naming_the_new_ones() {
+    let w = World::start().await;
+    let id = w.migration.to_string();
+    sqlx::query(&format!(
+        "INSERT INTO playbooks (name, migration_id, content)
+         VALUES ('pb', {id}, '{{\"steps\": [{{\"name\": \"go\", \"approve\": {{}}}}]}}')"
+    ))
+    .execute(w.store.pool())
+    .await
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = support::bin_without_db()
+            .env("RESHARD_DATABASE_URL", w.db.url())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let unknown = "00000000-0000-0000-0000-0000000000aa";
+    for (args, new_words, code) in [
+        (vec!["routers", "list"], Some("`router`"), Some(0)),
+        // No such router: the command ran (and refused), after the warning.
+        (
+            vec!["routers", "forget", unknown],
+            Some("`router remove`"),
+            Some(2),
+        ),
+        (
+            vec!["router", "forget", unknown],
+            Some("`router remove`"),
+            Some(2),
+        ),
+        (
+            vec!["approve", "pb", "--step", "go", "--dry-run"],
+            Some("is deprecated and goes in"),
+            Some(0),
+        ),
+        (vec!["router", "list"], None, Some(0)),
+        (vec!["router", "remove", unknown], None, Some(2)),
+        (
+            vec!["approve", &id, "--step", "go", "--dry-run"],
+            None,
+            Some(0),
+        ),
+    ] {
+        let (got, stderr) = run(&args);
+        assert_eq!(got, code, "reshard {args:?}: {stderr}");
+        match new_words {
+            Some(words) => {
+                assert_eq!(
+                    stderr.matches("is deprecated").count(),
+                    1,
+                    "{args:?}: {stderr}"
+                );
+                assert!(stderr.contains(words), "{args:?}: {stderr}");
+                assert!(
+                    stderr.contains(reshard::vocabulary::OLD_NAMES_UNTIL),
+                    "{stderr}"
+                );
+            }
+            None => assert!(!stderr.contains("deprecated"), "{args:?}: {stderr}"),
+        }
+    }
+    // The approval by name names the migration's id as the new form.
+    let (_, stderr) = run(&["approve", "pb", "--step", "go", "--dry-run"]);
+    assert!(
+        stderr.contains(&format!("`approve {id} --step ...`")),
+        "{stderr}"
+    );
+    // Neither form finds a playbook that is not there, and the error says what approve takes.
+    let (code, stderr) = run(&["approve", "nope", "--step", "go"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("takes the migration's id"), "{stderr}");
 }

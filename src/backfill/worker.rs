@@ -302,7 +302,7 @@ impl Worker {
                     // Nothing to do until an operator resumes or rolls back; a worker told to
                     // exit when done does not wait for that.
                     if self.say_once(m.id, reason) {
-                        tracing::warn!(migration = m.id, "the migration failed: {reason}");
+                        tracing::warn!(migration_id = m.id, "the migration failed: {reason}");
                     }
                     if self.config.exit_when_done {
                         nothing_to_do.push(format!(
@@ -356,10 +356,10 @@ impl Worker {
                     if self.say_once(m.id, &why) {
                         match &playbook {
                             Some(name) => tracing::info!(
-                                migration = m.id,
+                                migration_id = m.id,
                                 "{why}; waiting (playbook {name} drives it)"
                             ),
-                            None => tracing::info!(migration = m.id, "{why}; waiting"),
+                            None => tracing::info!(migration_id = m.id, "{why}; waiting"),
                         }
                     }
                     continue;
@@ -372,7 +372,7 @@ impl Worker {
                 if let Err(why) = self.connect_shards(&m).await? {
                     all_done = false;
                     if self.say_once(m.id, &why) {
-                        tracing::warn!(migration = m.id, "{why}; waiting");
+                        tracing::warn!(migration_id = m.id, "{why}; waiting");
                     }
                     continue;
                 }
@@ -429,7 +429,7 @@ impl Worker {
             Ok(connected) => {
                 for shard in connected {
                     tracing::info!(
-                        migration = m.id,
+                        migration_id = m.id,
                         shard,
                         "connected to a shard registered since this worker started"
                     );
@@ -513,7 +513,7 @@ impl Worker {
                 if !missing.is_empty() {
                     if self.say_once(m.id, "revert waits for routers") {
                         tracing::info!(
-                            migration = m.id,
+                            migration_id = m.id,
                             routers = missing.len(),
                             "revert copy waits for every live router to acknowledge reverting"
                         );
@@ -565,7 +565,7 @@ impl Worker {
             .await?;
         if stored {
             tracing::info!(
-                migration = m.id,
+                migration_id = m.id,
                 partitions = partitions.len(),
                 "backfill planned"
             );
@@ -581,7 +581,12 @@ impl Worker {
         tokio::spawn(async move {
             let partitions = match store.partitions(migration, task).await {
                 Ok(partitions) => partitions,
-                Err(e) => return tracing::warn!(migration, "sizing the {task} failed: {e}"),
+                Err(e) => {
+                    return tracing::warn!(
+                        migration_id = migration,
+                        "sizing the {task} failed: {e}"
+                    )
+                }
             };
             for p in partitions.iter().filter(|p| p.approx_documents.is_none()) {
                 let sized = match plan::size_of(&from, &shards, p).await {
@@ -592,7 +597,11 @@ impl Worker {
                     Err(e) => Err(e.to_string()),
                 };
                 if let Err(e) = sized {
-                    tracing::warn!(migration, partition = p.id, "sizing the {task} failed: {e}");
+                    tracing::warn!(
+                        migration_id = migration,
+                        partition = p.id,
+                        "sizing the {task} failed: {e}"
+                    );
                 }
             }
         });
@@ -796,7 +805,7 @@ impl Worker {
                 *shared.settings.lock().unwrap() = settings;
                 live = now_live;
                 tracing::info!(
-                    migration = shared.migration,
+                    migration_id = shared.migration,
                     workers = live,
                     max_docs_per_sec = share.max_docs_per_sec,
                     batch_size = settings.batch_size,
@@ -842,7 +851,7 @@ impl Worker {
                      max_docs_per_sec",
                     window.as_secs()
                 );
-                tracing::warn!(migration = shared.migration, "{reason}");
+                tracing::warn!(migration_id = shared.migration, "{reason}");
                 self.store
                     .record_event(
                         shared.migration,
@@ -916,7 +925,7 @@ impl Worker {
                                      for this worker",
                                     error_rate * 100.0
                                 );
-                                tracing::warn!(migration = shared.migration, "{reason}");
+                                tracing::warn!(migration_id = shared.migration, "{reason}");
                                 self.store
                                     .record_event(
                                         shared.migration,
@@ -946,7 +955,7 @@ impl Worker {
                             // the backfill's.
                             last_floor_warning = Some(now);
                             tracing::warn!(
-                                migration = shared.migration,
+                                migration_id = shared.migration,
                                 app_p99_ms = p99_ms,
                                 latency_budget_ms = budget_ms,
                                 applied_docs_per_sec = shared.rate.lock().unwrap().applied(),
@@ -958,7 +967,7 @@ impl Worker {
                     } else if let AppHealth::Within { p99_ms, budget_ms } = health {
                         if app_over {
                             tracing::info!(
-                                migration = shared.migration,
+                                migration_id = shared.migration,
                                 app_p99_ms = p99_ms,
                                 latency_budget_ms = budget_ms,
                                 "the application is back within its latency budget: the rate \
@@ -982,7 +991,7 @@ impl Worker {
                     .await?;
                 let rate = (documents - last_logged_documents) as f64 / since_log.as_secs_f64();
                 tracing::info!(
-                    migration = shared.migration,
+                    migration_id = shared.migration,
                     task = %shared.task,
                     documents,
                     docs_per_sec = format!("{rate:.0}"),
@@ -1082,7 +1091,7 @@ impl Worker {
     /// Fails the migration with `reason` (an invariant would break); workers stop, the
     /// operator decides.
     async fn fail_migration(&self, shared: &Shared, reason: &str) -> Result<(), WorkerError> {
-        tracing::error!(migration = shared.migration, "{reason}");
+        tracing::error!(migration_id = shared.migration, "{reason}");
         shared.runnable.store(false, Ordering::SeqCst);
         match self
             .store
@@ -1157,7 +1166,7 @@ impl Worker {
                         .await?;
                 }
                 None => tracing::info!(
-                    migration = shared.migration,
+                    migration_id = shared.migration,
                     task = %shared.task,
                     partition = p.id,
                     location = %p.location(),
@@ -1193,7 +1202,7 @@ impl Worker {
                 );
                 crate::telemetry::partition_timed_out(shared.migration, shared.task.as_str());
                 tracing::warn!(
-                    migration = shared.migration,
+                    migration_id = shared.migration,
                     task = %shared.task,
                     partition = p.id,
                     batch_limit = limit,
@@ -1236,7 +1245,7 @@ impl Worker {
                         .fetch_add(1, Ordering::Relaxed);
                     let done = self.store.partition(p.id).await?;
                     tracing::info!(
-                        migration = shared.migration,
+                        migration_id = shared.migration,
                         task = %shared.task,
                         partition = p.id,
                         location = %p.location(),
@@ -1254,7 +1263,7 @@ impl Worker {
                 PartitionEnd::LeaseLost => {
                     shared.counters.leases_lost.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
-                        migration = shared.migration,
+                        migration_id = shared.migration,
                         task = %shared.task,
                         partition = p.id,
                         "lease lost: the partition's lease ran out before this worker renewed \
@@ -1889,7 +1898,7 @@ impl Worker {
             return Ok(false);
         }
         tracing::info!(
-            migration = p.migration_id,
+            migration_id = p.migration_id,
             partition = p.id,
             location = %location,
             pending = sent.len(),

@@ -180,7 +180,7 @@ async fn refresh(ctx: &Ctx) -> Result<usize> {
 
 /// The gauges of one migration, from what `migration status --output json` prints of it.
 fn samples(status: &serde_json::Value) -> Vec<Sample> {
-    let migration = status["migration"].to_string();
+    let migration = status["migration_id"].to_string();
     let collection = status["collection"].as_str().unwrap_or_default().to_owned();
     let labels = || {
         vec![
@@ -293,7 +293,7 @@ mod tests {
     #[test]
     fn a_migration_in_backfill_exports_its_phase_progress_and_lagging_router() {
         let status = json!({
-            "migration": 7, "collection": "shop.orders", "phase": "backfill", "epoch": 4,
+            "migration_id": 7, "collection": "shop.orders", "phase": "backfill", "epoch": 4,
             "paused": true, "findings_open": 2,
             "backfill": { "docs_per_sec": 120.5, "dead_letters_open": 3 },
             "bypasses": { "open": 1 }, "shadow_reads": { "open_mismatches": 0 },
@@ -366,7 +366,7 @@ mod tests {
     #[test]
     fn an_unknown_eta_or_no_active_task_exports_no_value_rather_than_zero() {
         let status = json!({
-            "migration": 3, "collection": "c", "phase": "dual_read", "epoch": 2,
+            "migration_id": 3, "collection": "c", "phase": "dual_read", "epoch": 2,
             "progress": null, "routers": [],
         });
         let s = samples(&status);
@@ -379,7 +379,7 @@ mod tests {
             value_of(&s, telemetry::MIGRATION_PHASE, Some(("phase", "dual_read"))),
             Some(1.0)
         );
-        let eta_unknown = json!({ "migration": 3, "collection": "c", "phase": "backfill",
+        let eta_unknown = json!({ "migration_id": 3, "collection": "c", "phase": "backfill",
             "progress": { "task": "backfill", "documents_left": 10, "eta_secs": null } });
         assert_eq!(
             value_of(&samples(&eta_unknown), telemetry::MIGRATION_ETA, None),

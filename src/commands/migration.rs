@@ -212,7 +212,9 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                     reason.as_deref(),
                 )
                 .await?;
-            let mut value = json!({ "migration": id, "before": before, "after": after });
+            let mut value = crate::vocabulary::with_old_names(
+                json!({ "migration_id": id, "before": before, "after": after }),
+            );
             if dry_run {
                 value["dry_run"] = json!(true);
             }

@@ -53,6 +53,14 @@ pub async fn run(cli: Cli) -> Result<()> {
         .clone()
         .filter(|a| !a.trim().is_empty())
         .unwrap_or_else(crate::identity::default_actor);
+    if let Some((old, new)) = cli.command.deprecated_words() {
+        tracing::warn!(
+            deprecated = old,
+            use_instead = new,
+            "{}",
+            crate::vocabulary::deprecation(old, new)
+        );
+    }
     let output = cli.output;
     let dry_run = cli.command.is_dry_run();
     let ctx = |url: String, output: OutputFormat, actor: String| async move {
@@ -72,7 +80,9 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Version(cmd) => version::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Migration(cmd) => migration::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Route(cmd) => route::run(&ctx(url, output, actor).await?, cmd).await,
-        Command::Routers(cmd) => routers::run(&ctx(url, output, actor).await?, cmd).await,
+        Command::Router(cmd) | Command::Routers(cmd) => {
+            routers::run(&ctx(url, output, actor).await?, cmd).await
+        }
         Command::Worker(args) => worker::run(&ctx(url, output, actor).await?, args).await,
         Command::Throttle(cmd) => throttle::run(&ctx(url, output, actor).await?, cmd).await,
         Command::Deadletter(cmd) => deadletter::run(&ctx(url, output, actor).await?, cmd).await,
@@ -85,14 +95,14 @@ pub async fn run(cli: Cli) -> Result<()> {
         | Command::Man { .. } => unreachable!("handled above"),
         Command::Run(args) => playbook::run_file(&ctx(url, output, actor).await?, args).await,
         Command::Approve {
-            name,
+            migration,
             step,
             reason,
             dry_run,
         } => {
             playbook::approve(
                 &ctx(url, output, actor).await?,
-                &name,
+                &migration,
                 &step,
                 reason,
                 dry_run,

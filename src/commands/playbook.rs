@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::output;
 use crate::spec::playbook::{parse_playbook, schema, Action, Playbook};
 use crate::store::partitions::Task;
+use crate::store::playbooks::PlaybookRow;
 
 /// Reads and checks a playbook file: every problem at once, exit 2.
 pub fn read(file: &Path) -> Result<Playbook> {
@@ -144,8 +145,9 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
     let name = &pb.doc.name;
     match &end {
         RunEnd::Done { migration, phase } => {
-            let value =
-                json!({ "playbook": name, "migration": migration, "end": "done", "phase": phase });
+            let value = crate::vocabulary::with_old_names(
+                json!({ "playbook": name, "migration_id": migration, "end": "done", "phase": phase }),
+            );
             output::emit(ctx.output, &value, || {
                 println!("playbook {name:?}: every step done; migration {migration} is {phase}")
             })
@@ -156,10 +158,10 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
             command,
             message,
         } => {
-            let value = json!({
-                "playbook": name, "migration": migration, "end": "waiting_for_approval",
+            let value = crate::vocabulary::with_old_names(json!({
+                "playbook": name, "migration_id": migration, "end": "waiting_for_approval",
                 "step": step, "command": command, "message": message,
-            });
+            }));
             output::emit(ctx.output, &value, || {
                 println!("playbook {name:?} stops at step {step:?}, which waits for an approval.");
                 if let Some(m) = message {
@@ -173,10 +175,10 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
             })
         }
         RunEnd::DryRun { migration, steps } => {
-            let value = json!({
-                "playbook": name, "migration": migration, "end": "dry_run",
+            let value = crate::vocabulary::with_old_names(json!({
+                "playbook": name, "migration_id": migration, "end": "dry_run",
                 "steps": steps.iter().map(|(s, w)| json!({ "step": s, "would": w })).collect::<Vec<_>>(),
-            });
+            }));
             output::emit(ctx.output, &value, || {
                 println!(
                     "dry run of playbook {name:?} ({}); nothing changed:",
@@ -191,7 +193,9 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
             })
         }
         RunEnd::Interrupted { migration, step } => {
-            let value = json!({ "playbook": name, "migration": migration, "end": "interrupted", "step": step });
+            let value = crate::vocabulary::with_old_names(json!({
+                "playbook": name, "migration_id": migration, "end": "interrupted", "step": step,
+            }));
             output::emit(ctx.output, &value, || {
                 println!("playbook {name:?} stopped in step {step:?}; run it again to continue")
             })?;
@@ -200,18 +204,44 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
     }
 }
 
+/// The playbook `approve` names: by the migration it drives, or (deprecated) by its name.
+async fn approved_playbook(ctx: &Ctx, given: &str) -> Result<PlaybookRow> {
+    if let Ok(id) = given.parse::<i64>() {
+        if let Some(row) = ctx.store.playbook_of(id).await? {
+            return Ok(row);
+        }
+    }
+    if let Some(row) = ctx.store.playbook(given).await? {
+        let new = format!("approve {} --step ...", row.migration_id);
+        tracing::warn!(
+            deprecated = "approve PLAYBOOK_NAME",
+            use_instead = new.as_str(),
+            "{}",
+            crate::vocabulary::deprecation(&format!("approve {given}"), &new)
+        );
+        return Ok(row);
+    }
+    Err(match given.parse::<i64>() {
+        Ok(id) => Error::bad_input(format!(
+            "no playbook drives migration {id} (`reshard run FILE` starts one; `reshard migration \
+             list` shows the migrations)"
+        )),
+        Err(_) => Error::bad_input(format!(
+            "no playbook named {given:?} has run yet (`reshard run FILE` starts it); `approve` \
+             takes the migration's id"
+        )),
+    })
+}
+
 pub async fn approve(
     ctx: &Ctx,
-    name: &str,
+    given: &str,
     step: &str,
     reason: Option<String>,
     dry_run: bool,
 ) -> Result<()> {
-    let row = ctx.store.playbook(name).await?.ok_or_else(|| {
-        Error::bad_input(format!(
-            "no playbook named {name:?} has run yet (`reshard run FILE` starts it)"
-        ))
-    })?;
+    let row = approved_playbook(ctx, given).await?;
+    let name = row.name.as_str();
     let steps = row.content["steps"].as_array().cloned().unwrap_or_default();
     let approvals: Vec<(usize, String)> = steps
         .iter()
@@ -236,7 +266,10 @@ pub async fn approve(
     ctx.store
         .approve_step(name, *position as i32, step, &ctx.actor, reason.as_deref())
         .await?;
-    let value = json!({ "playbook": name, "step": step, "approved_by": ctx.actor });
+    let value = json!({
+        "migration_id": row.migration_id, "playbook": name, "step": step,
+        "approved_by": ctx.actor,
+    });
     output::emit_change(
         ctx.output,
         dry_run,

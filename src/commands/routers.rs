@@ -1,14 +1,16 @@
-//! `reshard routers`: the routers applications embed, as the state store sees them.
+//! `reshard router`: the routers applications embed and the fronts, as the state store sees
+//! them.
 
-use crate::cli::RoutersCommand;
+use crate::cli::{RouterCommand, RouterRemoveArgs};
 use crate::commands::Ctx;
 use crate::error::Result;
 use crate::output;
 
-pub async fn run(ctx: &Ctx, cmd: RoutersCommand) -> Result<()> {
+pub async fn run(ctx: &Ctx, cmd: RouterCommand) -> Result<()> {
     let collection = match cmd {
-        RoutersCommand::List { collection } => collection,
-        RoutersCommand::Forget { id, dry_run } => {
+        RouterCommand::List { collection } => collection,
+        RouterCommand::Remove(RouterRemoveArgs { id, dry_run })
+        | RouterCommand::Forget(RouterRemoveArgs { id, dry_run }) => {
             let gone = ctx.store.forget_router(id).await?;
             let what = || {
                 format!(
@@ -24,8 +26,8 @@ pub async fn run(ctx: &Ctx, cmd: RoutersCommand) -> Result<()> {
                 ctx.output,
                 dry_run,
                 &gone,
-                || println!("forgot {}", what()),
-                || format!("forget {}", what()),
+                || println!("removed {}", what()),
+                || format!("remove {}", what()),
             );
         }
     };

@@ -253,13 +253,13 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
         .collect();
     let findings_open = open_findings(ctx, id).await?;
     let value = json!({
-        "migration": m.id,
+        "migration_id": m.id,
         "collection": m.collection,
         "phase": m.phase().as_str(),
         "state": m.status_text(),
         "epoch": m.epoch,
         "paused": m.paused,
-        "failure": m.failure_reason,
+        "failure_reason": m.failure_reason,
         "from_version": m.from_version,
         "to_version": m.to_version,
         "backfill": {
@@ -352,7 +352,7 @@ async fn snapshot(ctx: &Ctx, id: i64) -> Result<(Snapshot, Vec<Partition>, Vec<W
     });
     Ok((
         Snapshot {
-            value,
+            value: crate::vocabulary::with_old_names(value),
             shards,
             totals,
             backfill,
@@ -590,7 +590,7 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
             "migration",
             format!(
                 "{} ({} v{} -> v{})",
-                v["migration"],
+                v["migration_id"],
                 v["collection"].as_str().unwrap_or(""),
                 v["from_version"],
                 v["to_version"]

@@ -74,7 +74,9 @@ pub async fn run(ctx: &Ctx, cmd: ThrottleCommand) -> Result<()> {
                     reason.as_deref(),
                 )
                 .await?;
-            let value = serde_json::json!({ "migration": id, "before": before, "after": after });
+            let value = crate::vocabulary::with_old_names(
+                serde_json::json!({ "migration_id": id, "before": before, "after": after }),
+            );
             if dry_run {
                 return output::emit_change(
                     ctx.output,
@@ -101,12 +103,12 @@ async fn show(ctx: &Ctx, id: i64) -> Result<()> {
     let workers = ctx.store.workers(id).await?;
     let live: Vec<_> = workers.iter().filter(|w| w.live).collect();
     let applied = not_negative(live.iter().map(|w| w.applied_docs_per_sec).sum());
-    let value = serde_json::json!({
-        "migration": id,
+    let value = crate::vocabulary::with_old_names(serde_json::json!({
+        "migration_id": id,
         "settings": settings,
         "applied_docs_per_sec": applied,
         "workers": live,
-    });
+    }));
     output::emit(ctx.output, &value, || {
         print_settings(&settings);
         output::fields(&[(

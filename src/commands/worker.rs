@@ -54,7 +54,7 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
         Duration::from_secs(1),
         shutdown.clone(),
     ));
-    tracing::info!(worker = %name, migration = ?migration, "worker started");
+    tracing::info!(worker = %name, migration_id = ?migration, "worker started");
     let summary = worker.run(shutdown).await.map_err(|e| match e {
         crate::backfill::WorkerError::Store(s) => Error::from(s),
         other => Error::failed(other.to_string()),

@@ -184,6 +184,7 @@ async fn run(lock: &HookLock, event: &Event) -> std::result::Result<(), String> 
             phase: phase.as_str(),
             epoch: m.epoch,
             paused: m.paused,
+            failure_reason: m.failure_reason.as_deref(),
             failure: m.failure_reason.as_deref(),
         },
         event: EventFacts {

@@ -298,7 +298,7 @@ impl Driver {
         .await
         {
             Err(e) if e.is_unavailable() => {
-                tracing::warn!(migration = id, "hooks not delivered after the move: {e}");
+                tracing::warn!(migration_id = id, "hooks not delivered after the move: {e}");
                 Ok(())
             }
             Err(e) => Err(e.into()),
@@ -348,7 +348,7 @@ impl Driver {
         let event = NewEvent::new(kind, details).reason(reason);
         if let Err(e) = self.store.record_event(id, &self.actor, &event).await {
             tracing::warn!(
-                migration = id,
+                migration_id = id,
                 kind = kind.as_str(),
                 "event not recorded: {e}"
             );
@@ -793,7 +793,7 @@ impl Driver {
                     // for it already): every router applies the phase gone back to, the
                     // stopped ones are waited out while writes flow, the bypasses are read.
                     tracing::warn!(
-                        migration = id,
+                        migration_id = id,
                         "{why}; migration {id} went back to {back} (writes resume); waiting \
                          them out, then switching again"
                     );

@@ -156,7 +156,7 @@ pub async fn run(driver: &Driver, pb: &Playbook, options: &RunOptions) -> Result
                 );
                 continue;
             }
-            let command = format!("reshard approve {name} --step {}", step.name);
+            let command = format!("reshard approve {id} --step {}", step.name);
             driver
                 .store
                 .request_approval(id, &step.name, message.as_deref(), &command, &driver.actor)
@@ -243,7 +243,7 @@ async fn record_step_failure(
         Ok(true) => return,
         Ok(false) => {}
         Err(e) => tracing::warn!(
-            migration = id,
+            migration_id = id,
             "cannot tell whether the failure is recorded: {e}"
         ),
     }
@@ -259,7 +259,7 @@ async fn record_step_failure(
     )
     .reason(Some(&message));
     if let Err(e) = driver.store.record_event(id, &driver.actor, &event).await {
-        tracing::warn!(migration = id, step, "step_failed not recorded: {e}");
+        tracing::warn!(migration_id = id, step, "step_failed not recorded: {e}");
     }
 }
 
@@ -537,7 +537,8 @@ async fn dry_run(driver: &Driver, pb: &Playbook, m: Option<&Migration>) -> Resul
                 }
                 Action::Approve { .. } => format!(
                     "would stop and wait for `reshard approve {} --step {}`",
-                    pb.doc.name, s.name
+                    m.map_or_else(|| "MIGRATION_ID".to_owned(), |m| m.id.to_string()),
+                    s.name
                 ),
                 other => match other.reaches() {
                     Some(to)
@@ -1045,7 +1046,7 @@ async fn soak(
             )
             .reason(Some(&f.message));
             if let Err(e) = driver.store.record_event(id, &driver.actor, &event).await {
-                tracing::warn!(migration = id, step, "soak_failed not recorded: {e}");
+                tracing::warn!(migration_id = id, step, "soak_failed not recorded: {e}");
             }
             return Err(Error::failed(f.message));
         }

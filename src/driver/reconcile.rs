@@ -160,7 +160,7 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
             run
         }
     };
-    tracing::info!(migration = id, run = run.id, "reconciliation started");
+    tracing::info!(migration_id = id, run = run.id, "reconciliation started");
     let mut stored_findings = Vec::new();
     let mut full_outcomes: BTreeMap<String, u64> = BTreeMap::new();
     let mut full_strata = Vec::new();

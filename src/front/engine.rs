@@ -66,7 +66,7 @@ impl Engine {
         passthrough: Option<Passthrough>,
         mut config: EngineConfig,
     ) -> Result<Arc<Engine>, RouterError> {
-        // Its routers register as a front's (`reshard routers list`, `status`).
+        // Its routers register as a front's (`reshard router list`, `status`).
         config.router.kind = crate::store::RouterKind::Front;
         let engine = Arc::new(Engine {
             store,

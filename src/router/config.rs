@@ -10,7 +10,7 @@ use super::RouterError;
 /// How a router behaves. [`RouterConfig::named`] gives the defaults.
 #[derive(Clone)]
 pub struct RouterConfig {
-    /// Shown to operators in `reshard routers list`.
+    /// Shown to operators in `reshard router list`.
     pub name: String,
     /// How long a heartbeat keeps the router's lease: how long it serves without reaching the
     /// state store (its self-fence deadline), and how long a router that stopped heartbeating
@@ -52,7 +52,7 @@ pub struct RouterConfig {
     /// URL, a store without reshard's schema, or a shard without a connection fail at once.
     pub connect_deadline: Option<Duration>,
     /// What registers: the library in an application, or a `reshard front` (shown by
-    /// `reshard routers list`).
+    /// `reshard router list`).
     pub kind: crate::store::RouterKind,
 }
 

@@ -83,18 +83,18 @@ impl ShadowReads {
         change(&mut counts);
     }
 
-    /// The counts for the heartbeat's stats: `{"migration", "compared", "mismatches", "busy",
+    /// The counts for the heartbeat's stats: `{"migration_id", "compared", "mismatches", "busy",
     /// "failed"}` since the router started following the migration.
     pub(super) fn report(&self) -> Value {
         let c = *self.counts.lock().expect("shadow counts lock");
-        json!({
+        crate::vocabulary::with_old_names(json!({
             "percent": self.percent(),
-            "migration": c.migration_id,
+            "migration_id": c.migration_id,
             "compared": c.compared,
             "mismatches": c.mismatches,
             "busy": c.busy,
             "failed": c.failed,
-        })
+        }))
     }
 
     /// Stores the counts when they changed since they were stored last.
@@ -208,7 +208,7 @@ async fn shadow_read(
     };
     let id_text = crate::ids::text(id);
     tracing::warn!(
-        router = %inner.config.name, migration = migration_id, id = %id_text,
+        router = %inner.config.name, migration_id = migration_id, id = %id_text,
         source = %source_at, target = %target_at, fields = ?fields,
         "shadow read mismatch: the target's pristine copy differs from its source document"
     );

@@ -68,7 +68,7 @@ pub(super) async fn insert(
     .await?;
     tracing::info!(
         target: "reshard::event",
-        migration = migration.id,
+        migration_id = migration.id,
         event = id,
         kind = event.kind.as_str(),
         from = event.from.map(|p| p.as_str()),

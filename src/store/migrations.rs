@@ -268,6 +268,8 @@ impl Store {
         let details = json!({
             "gates": change.gates.iter().map(|g| g.as_str()).collect::<Vec<_>>(),
             "paused": to.paused,
+            "failure_reason": to.failure,
+            // The old name, beside the new one until 0.2.
             "failure": to.failure,
         });
         let reason = reason.or(match action {
@@ -288,7 +290,7 @@ impl Store {
         notify(&mut tx, &updated).await?;
         tx.commit().await?;
         tracing::info!(
-            migration = id,
+            migration_id = id,
             collection = %updated.collection,
             action = action.kind(),
             from = %change.from.phase,

@@ -519,7 +519,7 @@ impl Store {
         .await?;
         tx.commit().await?;
         tracing::warn!(
-            migration = migration_id,
+            migration_id = migration_id,
             partitions = reset,
             lapsed_until = %lapse,
             "a router's lease lapsed after the copy back began: it runs again"

@@ -120,6 +120,17 @@ impl Store {
         .await?)
     }
 
+    /// The playbook that drives migration `migration_id`, if one does (one at most).
+    pub async fn playbook_of(&self, migration_id: i64) -> StoreResult<Option<PlaybookRow>> {
+        Ok(sqlx::query_as(
+            "SELECT name, migration_id, content, created_at, updated_at FROM playbooks
+             WHERE migration_id = $1",
+        )
+        .bind(migration_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
     pub async fn playbook(&self, name: &str) -> StoreResult<Option<PlaybookRow>> {
         Ok(sqlx::query_as(
             "SELECT name, migration_id, content, created_at, updated_at FROM playbooks

@@ -154,7 +154,7 @@ pub enum Renewal {
     Gone,
 }
 
-/// A router as `routers list` shows it.
+/// A router as `router list` shows it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct RouterRow {
     pub id: uuid::Uuid,
@@ -330,7 +330,7 @@ impl Store {
         .await?;
         let Some(row) = row else {
             return Err(StoreError::NotFound(format!(
-                "no router {id} is registered (`reshard routers list`)"
+                "no router {id} is registered (`reshard router list`)"
             )));
         };
         // A statement of its own, after the lock: the clock of now.

@@ -67,9 +67,11 @@ pub struct ShardDoc {
     pub name: String,
     /// `mongodb://...` or `mongodb+srv://...`, or `${ENV_VAR}` holding one.
     #[schemars(length(min = 1))]
+    #[schemars(regex(pattern = r"^(mongodb(\+srv)?://.+|\$\{(file:[^}]+|[A-Za-z0-9_]+)\})$"))]
     pub uri: String,
     /// MongoDB's rules: under 64 bytes, none of `/ \\ . " $ * < > : | ?`, a space or NUL.
     #[schemars(length(min = 1, max = 63))]
+    #[schemars(regex(pattern = r#"^[^/\\. "$*<>:|?\x00]+$"#))]
     pub database: String,
 }
 
@@ -124,7 +126,7 @@ pub struct SettingsDoc {
     pub max_misplaced: Option<u64>,
     /// Cumulative percentages of the cleanup partitions, e.g. `[1, 10, 100]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 3, max = 3))]
+    #[schemars(length(min = 3, max = 3), inner(range(min = 0, max = 100)))]
     pub cleanup_waves: Option<Vec<f64>>,
     /// Drop a source collection cleanup emptied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -224,7 +226,7 @@ pub enum StepKindDoc {
     Reconcile(ReconcileDoc),
     /// Wait, and fail on new findings, lasting overload, dead letters or router errors.
     Soak(SoakDoc),
-    /// A manual gate: `reshard run` stops here until `reshard approve NAME --step S`.
+    /// A manual gate: `reshard run` stops here until `reshard approve MIGRATION_ID --step S`.
     Approve(ApproveDoc),
     /// Delete the moved documents from the source, in waves.
     Cleanup(WorkersDoc),
@@ -317,7 +319,7 @@ pub struct WorkersDoc {
     pub lease_ttl: Option<String>,
     /// Cleanup: cumulative wave percentages, e.g. `[1, 10, 100]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 3, max = 3))]
+    #[schemars(length(min = 3, max = 3), inner(range(min = 0, max = 100)))]
     pub waves: Option<Vec<f64>>,
 }
 
