@@ -172,11 +172,11 @@ impl Command {
     /// The old words of this command line and the words that replace them, when it uses a
     /// deprecated name ([`crate::vocabulary::RENAMED_COMMANDS`]).
     pub fn deprecated_words(&self) -> Option<(&'static str, &'static str)> {
-        use crate::vocabulary::RENAMED_COMMANDS as R;
+        use crate::vocabulary::renamed_command as renamed;
         match self {
-            Command::Routers(RouterCommand::Forget(_)) => Some(R[0]),
-            Command::Routers(_) => Some(R[1]),
-            Command::Router(RouterCommand::Forget(_)) => Some(R[2]),
+            Command::Routers(RouterCommand::Forget(_)) => Some(renamed("routers forget")),
+            Command::Routers(_) => Some(renamed("routers")),
+            Command::Router(RouterCommand::Forget(_)) => Some(renamed("router forget")),
             _ => None,
         }
     }

@@ -21,6 +21,14 @@ pub const RENAMED_COMMANDS: &[(&str, &str)] = &[
     ("approve PLAYBOOK_NAME", "approve MIGRATION_ID"),
 ];
 
+/// The entry of [`RENAMED_COMMANDS`] for the old words `old`.
+pub fn renamed_command(old: &str) -> (&'static str, &'static str) {
+    *RENAMED_COMMANDS
+        .iter()
+        .find(|(o, _)| *o == old)
+        .unwrap_or_else(|| panic!("{old:?} is not in RENAMED_COMMANDS"))
+}
+
 /// The version that stops accepting the old names.
 pub const OLD_NAMES_UNTIL: &str = "0.2";
 

@@ -30,26 +30,36 @@ fn json(w: &World, args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("reshard {args:?}: not JSON ({e})"))
 }
 
-/// Every key of `v` with its path, `command.a.b[].c`.
-fn keys(v: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
+type Object = serde_json::Map<String, serde_json::Value>;
+
+/// Calls `visit(path, object, key)` for every key of every object in `v`, its path written
+/// `command.a.b[].c`.
+fn walk(v: &serde_json::Value, path: &str, visit: &mut impl FnMut(&str, &Object, &str)) {
     match v {
         serde_json::Value::Object(map) => {
             for (k, child) in map {
-                out.push((path.to_owned(), k.clone()));
+                visit(path, map, k);
                 // An Extended JSON value or a document's own fields are not ours to name.
                 if k.starts_with('$') || k == "_id" || k == "document" {
                     continue;
                 }
-                keys(child, &format!("{path}.{k}"), out);
+                walk(child, &format!("{path}.{k}"), visit);
             }
         }
         serde_json::Value::Array(items) => {
             for item in items {
-                keys(item, &format!("{path}[]"), out);
+                walk(item, &format!("{path}[]"), visit);
             }
         }
         _ => {}
     }
+}
+
+/// Every key of `v` with its path.
+fn keys(v: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
+    walk(v, path, &mut |path, _, k| {
+        out.push((path.to_owned(), k.to_owned()))
+    });
 }
 
 /// Why `key` breaks the style, if it does.
@@ -83,7 +93,7 @@ fn broken(key: &str) -> Option<&'static str> {
 /// object refers to is `migration_id`, why it failed is `failure_reason`. An old name
 /// (`reshard::vocabulary::RENAMED_KEYS`) is allowed only beside its new one, with its value,
 /// until 0.2. A hook's `migration` is the migration itself (an object), not a reference.
-fn unshared(object: &serde_json::Map<String, serde_json::Value>, key: &str) -> Option<String> {
+fn unshared(object: &Object, key: &str) -> Option<String> {
     let value = &object[key];
     for (old, new) in reshard::vocabulary::RENAMED_KEYS {
         if key != *old || value.is_object() {
@@ -101,25 +111,11 @@ fn unshared(object: &serde_json::Map<String, serde_json::Value>, key: &str) -> O
 
 /// Every shared-name problem of `v`, with its path.
 fn unshared_names(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
-    match v {
-        serde_json::Value::Object(map) => {
-            for (k, child) in map {
-                if let Some(why) = unshared(map, k) {
-                    out.push(format!("{path}.{k}: {why}"));
-                }
-                if k.starts_with('$') || k == "_id" || k == "document" {
-                    continue;
-                }
-                unshared_names(child, &format!("{path}.{k}"), out);
-            }
+    walk(v, path, &mut |path, map, k| {
+        if let Some(why) = unshared(map, k) {
+            out.push(format!("{path}.{k}: {why}"));
         }
-        serde_json::Value::Array(items) => {
-            for item in items {
-                unshared_names(item, &format!("{path}[]"), out);
-            }
-        }
-        _ => {}
-    }
+    });
 }
 
 #[test]

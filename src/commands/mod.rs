@@ -54,12 +54,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         .filter(|a| !a.trim().is_empty())
         .unwrap_or_else(crate::identity::default_actor);
     if let Some((old, new)) = cli.command.deprecated_words() {
-        tracing::warn!(
-            deprecated = old,
-            use_instead = new,
-            "{}",
-            crate::vocabulary::deprecation(old, new)
-        );
+        warn_deprecated(old, old, new);
     }
     let output = cli.output;
     let dry_run = cli.command.is_dry_run();
@@ -115,6 +110,16 @@ pub async fn run(cli: Cli) -> Result<()> {
             reconcile::repair(&ctx(url, output, actor).await?, id, run, dry_run).await
         }
     }
+}
+
+/// Logs that a command line used the old name `old` (shown as `used`) and what replaces it.
+fn warn_deprecated(old: &str, used: &str, new: &str) {
+    tracing::warn!(
+        deprecated = old,
+        use_instead = new,
+        "{}",
+        crate::vocabulary::deprecation(used, new)
+    );
 }
 
 async fn ctx(url: String, output: OutputFormat, actor: String) -> Result<Ctx> {

@@ -206,22 +206,19 @@ pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
 
 /// The playbook `approve` names: by the migration it drives, or (deprecated) by its name.
 async fn approved_playbook(ctx: &Ctx, given: &str) -> Result<PlaybookRow> {
-    if let Ok(id) = given.parse::<i64>() {
+    let id = given.parse::<i64>();
+    if let Ok(id) = id {
         if let Some(row) = ctx.store.playbook_of(id).await? {
             return Ok(row);
         }
     }
     if let Some(row) = ctx.store.playbook(given).await? {
+        let (old, _) = crate::vocabulary::renamed_command("approve PLAYBOOK_NAME");
         let new = format!("approve {} --step ...", row.migration_id);
-        tracing::warn!(
-            deprecated = "approve PLAYBOOK_NAME",
-            use_instead = new.as_str(),
-            "{}",
-            crate::vocabulary::deprecation(&format!("approve {given}"), &new)
-        );
+        super::warn_deprecated(old, &format!("approve {given}"), &new);
         return Ok(row);
     }
-    Err(match given.parse::<i64>() {
+    Err(match id {
         Ok(id) => Error::bad_input(format!(
             "no playbook drives migration {id} (`reshard run FILE` starts one; `reshard migration \
              list` shows the migrations)"

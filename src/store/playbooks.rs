@@ -21,6 +21,10 @@ pub struct PlaybookRow {
     pub updated_at: DateTime<Utc>,
 }
 
+/// The columns of a [`PlaybookRow`].
+const SELECT_PLAYBOOK: &str =
+    "SELECT name, migration_id, content, created_at, updated_at FROM playbooks";
+
 /// A step's record.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct StepRow {
@@ -122,23 +126,21 @@ impl Store {
 
     /// The playbook that drives migration `migration_id`, if one does (one at most).
     pub async fn playbook_of(&self, migration_id: i64) -> StoreResult<Option<PlaybookRow>> {
-        Ok(sqlx::query_as(
-            "SELECT name, migration_id, content, created_at, updated_at FROM playbooks
-             WHERE migration_id = $1",
+        Ok(
+            sqlx::query_as(&format!("{SELECT_PLAYBOOK} WHERE migration_id = $1"))
+                .bind(migration_id)
+                .fetch_optional(self.pool())
+                .await?,
         )
-        .bind(migration_id)
-        .fetch_optional(self.pool())
-        .await?)
     }
 
     pub async fn playbook(&self, name: &str) -> StoreResult<Option<PlaybookRow>> {
-        Ok(sqlx::query_as(
-            "SELECT name, migration_id, content, created_at, updated_at FROM playbooks
-             WHERE name = $1",
+        Ok(
+            sqlx::query_as(&format!("{SELECT_PLAYBOOK} WHERE name = $1"))
+                .bind(name)
+                .fetch_optional(self.pool())
+                .await?,
         )
-        .bind(name)
-        .fetch_optional(self.pool())
-        .await?)
     }
 
     /// Creates the migration a playbook drives, the playbook row pinning its content, and its
