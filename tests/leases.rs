@@ -371,6 +371,9 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
             "100000",
         ],
     );
+    // Slow enough that the longest partition outlasts ten lease periods whatever the split of
+    // documents among partitions (20/s gave 9.7 periods for the backfill in a CI run; 12/s
+    // made the test take 286 s alone).
     reshard_ok(
         &w.db,
         &[
@@ -378,7 +381,7 @@ async fn forward_tasks_finish_partitions_of_ten_lease_periods_with_a_holder_kill
             "set",
             &id,
             "--max-docs-per-sec",
-            "20",
+            "15",
             "--batch-size",
             "10",
         ],
