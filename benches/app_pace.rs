@@ -460,12 +460,12 @@ async fn overload_round() -> serde_json::Value {
         )
         .await
         .unwrap();
-    let mut wc = reshard::backfill::WorkerConfig::new("bench-worker");
+    let mut wc = reshard::worker::WorkerConfig::new("bench-worker");
     wc.migration = Some(s.migration);
     wc.refresh = Duration::from_millis(200);
     wc.idle_poll = Duration::from_millis(200);
     let (stop_worker, shutdown) = tokio::sync::watch::channel(false);
-    let worker = reshard::backfill::Worker::with_shards(s.store.clone(), s.databases.clone(), wc);
+    let worker = reshard::worker::Worker::with_shards(s.store.clone(), s.databases.clone(), wc);
     let worker = tokio::spawn(async move { worker.run(shutdown).await.map(|_| ()) });
     let applied = || async {
         s.store

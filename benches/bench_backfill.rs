@@ -28,12 +28,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, Document};
-use reshard::backfill::prepare_batch;
 use reshard::copy::{BulkWriter, WriterOptions};
 use reshard::phase::{Action, Phase};
 use reshard::routing::Location;
 use reshard::store::partitions::Task;
 use reshard::store::Store;
+use reshard::worker::prepare_batch;
 use serde_json::json;
 use support::{MongoServer, PgDb, Shards};
 

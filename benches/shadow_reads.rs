@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, Document};
 use rand::Rng;
-use reshard::backfill::{Worker, WorkerConfig};
 use reshard::phase::{Action, Phase};
 use reshard::router::{Router, RouterConfig};
 use reshard::settings::MigrationSettings;
 use reshard::store::Store;
+use reshard::worker::{Worker, WorkerConfig};
 use support::{MongoServer, PgDb, Shards};
 
 const V1: &str = "tenant_key: customerId

@@ -4,7 +4,6 @@
 //! nothing of Postgres, MongoDB or the terminal; [`store`] holds every SQL statement; the
 //! [`commands`] module is the command line's one entry point, [`run`].
 
-pub mod backfill;
 pub mod bypass;
 pub mod capacity;
 pub mod cli;
@@ -45,6 +44,7 @@ pub mod telemetry;
 pub mod throttle;
 pub mod vocabulary;
 pub mod watch;
+pub mod worker;
 
 use std::process::ExitCode;
 

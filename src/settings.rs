@@ -26,7 +26,7 @@ pub struct MigrationSettings {
     /// planner cuts each source location into one partition per worker registered when it
     /// plans, down to 100,000 documents each, and a location with no more than one worker
     /// to keep busy is one partition, planned without reading it
-    /// (`backfill::plan::partition_count`).
+    /// (`worker::plan::partition_count`).
     pub documents_per_partition: Option<u64>,
     /// Reconciliation gate: the most missing documents a passing run may find.
     pub max_missing: u64,

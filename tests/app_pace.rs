@@ -131,13 +131,13 @@ async fn routers_over_their_latency_budget_cut_the_rate_and_recovery_restores_it
     // Let the routers report the application's "before" for a few intervals.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let mut wc = reshard::backfill::WorkerConfig::new("pace-worker");
+    let mut wc = reshard::worker::WorkerConfig::new("pace-worker");
     wc.migration = Some(w.migration);
     wc.lease_ttl = Duration::from_secs(10);
     wc.idle_poll = Duration::from_millis(200);
     wc.refresh = Duration::from_millis(500);
     let (stop_worker, shutdown) = tokio::sync::watch::channel(false);
-    let worker = reshard::backfill::Worker::with_shards(w.store.clone(), w.databases(), wc);
+    let worker = reshard::worker::Worker::with_shards(w.store.clone(), w.databases(), wc);
     let worker = tokio::spawn(async move { worker.run(shutdown).await.map(|_| ()) });
 
     // The baseline was taken when the worker planned the backfill.

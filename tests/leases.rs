@@ -648,14 +648,14 @@ async fn a_cleanup_whose_row_is_locked_longer_than_its_lease_keeps_an_exact_ledg
     );
     reshard_ok(&w.db, &["migration", "advance", &id, "--to", "cleanup"]);
 
-    let mut config = reshard::backfill::WorkerConfig::new("locked-out");
+    let mut config = reshard::worker::WorkerConfig::new("locked-out");
     config.migration = Some(w.migration);
     config.exit_when_done = true;
     config.concurrency = 1;
     config.lease_ttl = Duration::from_secs(2);
     config.idle_poll = Duration::from_millis(200);
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    let worker = reshard::backfill::Worker::with_shards(w.store.clone(), w.databases(), config);
+    let worker = reshard::worker::Worker::with_shards(w.store.clone(), w.databases(), config);
     let work = tokio::spawn(async move { worker.run(shutdown).await.unwrap() });
 
     // Once the cleaner has recorded something, its partition's row is locked for three

@@ -294,8 +294,8 @@ async fn move_to(w: &World, router: &Router, phase: Phase, old: &[(&str, Bson)])
 /// whole or resumed after any id they returned, meet every document exactly once, in order.
 #[tokio::test]
 async fn partition_ranges_across_types_meet_every_document_once() {
-    use reshard::backfill::plan;
     use reshard::ids::IdRange;
+    use reshard::worker::plan;
     let mut rng = StdRng::seed_from_u64(seed());
     let w = World::start().await;
     let coll = w.shards["s1"].collection::<Document>("ranges");

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::{Collection, Database};
-use reshard::backfill::{Worker, WorkerConfig};
 use reshard::ids;
 use reshard::phase::{Action, Phase};
 use reshard::router::{Router, RouterConfig};
@@ -28,6 +27,7 @@ use reshard::routing::{KeyValue, Location, RoutingVersion};
 use reshard::settings::MigrationSettings;
 use reshard::store::partitions::{Partition, PartitionState, Task};
 use reshard::store::Store;
+use reshard::worker::{Worker, WorkerConfig};
 use serde_json::Value;
 use support::{MongoServer, PgDb};
 use tokio::sync::watch;

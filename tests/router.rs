@@ -668,18 +668,13 @@ async fn the_copy_back_leaves_out_the_mirrors_routers_already_made() {
             .await
             .unwrap()
             .unwrap();
-        let mut batch = reshard::backfill::worker::prepare_revert(
-            &w.v1,
-            &w.v2,
-            w.migration,
-            &location,
-            vec![image],
-        );
+        let mut batch =
+            reshard::worker::prepare_revert(&w.v1, &w.v2, w.migration, &location, vec![image]);
         assert_eq!(batch.statements.len(), 1, "{id}: a mirror to decide");
-        reshard::backfill::worker::place_mirrors(&shards, &mut batch)
+        reshard::worker::place_mirrors(&shards, &mut batch)
             .await
             .unwrap();
-        reshard::backfill::worker::skip_mirrored(&shards, &mut batch, w.migration)
+        reshard::worker::skip_mirrored(&shards, &mut batch, w.migration)
             .await
             .unwrap();
         assert_eq!(
@@ -753,8 +748,7 @@ async fn in_a_collection_both_layouts_share_no_mirror_writes_an_older_image_over
         w.coll(&w.v2, HOT, &gone).namespace(),
         w.coll(&w.v2, HOT, &kept).namespace()
     );
-    let batch =
-        reshard::backfill::worker::prepare_revert(&w.v1, &w.v2, w.migration, &location, scanned);
+    let batch = reshard::worker::prepare_revert(&w.v1, &w.v2, w.migration, &location, scanned);
     assert!(
         batch.statements.is_empty(),
         "the source already holds these documents: {:?}",
@@ -1197,12 +1191,12 @@ async fn a_router_draining_a_slow_step_keeps_its_lease_and_holds_the_switch() {
 
 /// Runs one in-process worker on the migration until its current task has nothing left.
 async fn run_worker(w: &World) {
-    let mut cfg = reshard::backfill::WorkerConfig::new("test-worker");
+    let mut cfg = reshard::worker::WorkerConfig::new("test-worker");
     cfg.migration = Some(w.migration);
     cfg.exit_when_done = true;
     cfg.lease_ttl = Duration::from_secs(3);
     cfg.idle_poll = Duration::from_millis(200);
-    let worker = reshard::backfill::Worker::connect(w.store.clone(), cfg)
+    let worker = reshard::worker::Worker::connect(w.store.clone(), cfg)
         .await
         .unwrap();
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);

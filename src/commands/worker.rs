@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::backfill::{Worker, WorkerConfig};
 use crate::cli::WorkerArgs;
 use crate::commands::Ctx;
 use crate::error::{Error, Result};
 use crate::output;
+use crate::worker::{Worker, WorkerConfig};
 
 pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
     if let Some(addr) = args.metrics_addr {
@@ -56,7 +56,7 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
     ));
     tracing::info!(worker = %name, migration_id = ?migration, "worker started");
     let summary = worker.run(shutdown).await.map_err(|e| match e {
-        crate::backfill::WorkerError::Store(s) => Error::from(s),
+        crate::worker::WorkerError::Store(s) => Error::from(s),
         other => Error::failed(other.to_string()),
     })?;
     let value = serde_json::json!({

@@ -1,14 +1,14 @@
 //! Retrying dead letters: each document is read again from its source location and decided
-//! and written exactly as the backfill would ([`crate::backfill::prepare_batch`], the bulk
+//! and written exactly as the backfill would ([`crate::worker::prepare_batch`], the bulk
 //! writer), and its partition's ledger moves it from `dead_lettered` to what the write came to.
 
 use super::Driver;
-use crate::backfill::prepare_batch;
 use crate::copy::{BulkWriter, StatementResult, WriterOptions};
 use crate::error::{Error, Result};
 use crate::ids;
 use crate::routing::Location;
 use crate::store::partitions::{DeadLetter, Refusal, RetryOutcome};
+use crate::worker::prepare_batch;
 
 /// What became of one retried dead letter.
 #[derive(Clone, Debug, PartialEq, Eq)]

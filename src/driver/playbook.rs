@@ -15,7 +15,6 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::{Driver, MoveOptions, StepState, TaskProgress};
-use crate::backfill::{Worker, WorkerConfig};
 use crate::error::{Error, Result};
 use crate::phase::Phase;
 use crate::reconcile::{ReconcileOptions, Stratify};
@@ -29,6 +28,7 @@ use crate::store::migrations::Migration;
 use crate::store::partitions::Task;
 use crate::store::playbooks::NewPlaybook;
 use crate::store::StoreError;
+use crate::worker::{Worker, WorkerConfig};
 
 /// How a run goes.
 #[derive(Clone, Debug)]

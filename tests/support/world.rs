@@ -198,13 +198,13 @@ impl World {
 
     /// Runs one worker for the migration until its current task is done.
     pub async fn work(&self) {
-        let mut config = reshard::backfill::WorkerConfig::new("test-worker");
+        let mut config = reshard::worker::WorkerConfig::new("test-worker");
         config.migration = Some(self.migration);
         config.exit_when_done = true;
         config.lease_ttl = Duration::from_secs(5);
         config.idle_poll = Duration::from_millis(200);
         let (_stop, shutdown) = tokio::sync::watch::channel(false);
-        reshard::backfill::Worker::with_shards(self.store.clone(), self.databases(), config)
+        reshard::worker::Worker::with_shards(self.store.clone(), self.databases(), config)
             .run(shutdown)
             .await
             .unwrap();
