@@ -77,6 +77,15 @@ impl TaskSize {
     }
 }
 
+/// A rate or an amount as shown: never negative, so never `-0`.
+pub fn not_negative(x: f64) -> f64 {
+    if x > 0.0 {
+        x
+    } else {
+        0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

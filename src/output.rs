@@ -91,14 +91,7 @@ impl<F: serde_json::ser::Formatter> serde_json::ser::Formatter for PositiveZero<
     }
 }
 
-/// A rate or an amount as shown: never negative, so never `-0`.
-pub fn not_negative(x: f64) -> f64 {
-    if x > 0.0 {
-        x
-    } else {
-        0.0
-    }
-}
+pub use crate::estimate::not_negative;
 
 /// Prints a table with a header row.
 pub fn table<R, C>(header: &[&str], rows: R)

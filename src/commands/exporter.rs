@@ -169,7 +169,7 @@ async fn refresh(ctx: &Ctx) -> Result<usize> {
         if ended_long_ago {
             continue;
         }
-        let status = super::status::value(ctx, m.id).await?;
+        let status = crate::driver::status::value(&ctx.store, m.id).await?;
         for sample in samples(&status) {
             telemetry::set(&sample);
         }

@@ -20,6 +20,7 @@ pub mod deadletters;
 pub mod hooks;
 pub mod playbook;
 pub mod reconcile;
+pub mod status;
 pub mod wait;
 
 use std::sync::Arc;

@@ -56,14 +56,22 @@ impl Task {
         }
     }
 
-    /// The task of a phase, if workers have one there.
+    /// The task whose partitions a phase works, if any: the inverse of [`Task::phase`]. The
+    /// `verify` partitions of a full reconciliation are worked by `reshard reconcile`
+    /// processes; the others by `reshard worker` ([`Task::for_workers`]).
     pub fn of(phase: crate::phase::Phase) -> Option<Task> {
         match phase {
             crate::phase::Phase::Backfill => Some(Task::Backfill),
+            crate::phase::Phase::Reconcile => Some(Task::Verify),
             crate::phase::Phase::Cleanup => Some(Task::Cleanup),
             crate::phase::Phase::Reverting => Some(Task::Revert),
             _ => None,
         }
+    }
+
+    /// The task `reshard worker` processes run in a phase, if any.
+    pub fn for_workers(phase: crate::phase::Phase) -> Option<Task> {
+        Task::of(phase).filter(|t| *t != Task::Verify)
     }
 }
 
@@ -1037,6 +1045,24 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_phase_s_task_and_a_task_s_phase_are_inverses() {
+        let tasks = [Task::Backfill, Task::Verify, Task::Cleanup, Task::Revert];
+        for task in tasks {
+            assert_eq!(Task::of(task.phase()), Some(task));
+        }
+        for phase in crate::phase::Phase::ALL {
+            if let Some(task) = Task::of(phase) {
+                assert_eq!(task.phase(), phase);
+            }
+        }
+        let worked: Vec<Task> = crate::phase::Phase::ALL
+            .into_iter()
+            .filter_map(Task::for_workers)
+            .collect();
+        assert_eq!(worked, [Task::Backfill, Task::Cleanup, Task::Revert]);
+    }
 
     #[test]
     fn cleanup_waves_open_one_after_another() {

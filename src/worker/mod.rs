@@ -291,7 +291,7 @@ impl Worker {
                     .migrations(false)
                     .await?
                     .into_iter()
-                    .filter(|m| Task::of(m.phase()).is_some())
+                    .filter(|m| Task::for_workers(m.phase()).is_some())
                     .collect(),
             };
             let mut all_done = true;
@@ -320,7 +320,7 @@ impl Worker {
                 }
                 // What the worker waits for, when it has nothing to do in this migration now
                 // and the migration is not over.
-                let waits_for = match Task::of(m.phase()) {
+                let waits_for = match Task::for_workers(m.phase()) {
                     // Before backfill: the worker waits for it, registered, so that the
                     // planner cuts the backfill for this worker too. After: nothing is left
                     // for this worker.
@@ -352,7 +352,7 @@ impl Worker {
                         continue;
                     }
                     all_done = false;
-                    if Task::of(m.phase()).is_none() {
+                    if Task::for_workers(m.phase()).is_none() {
                         self.register(m.id).await?;
                         waiting.insert(m.id);
                     }
@@ -367,7 +367,7 @@ impl Worker {
                     }
                     continue;
                 }
-                let Some(task) = Task::of(m.phase()) else {
+                let Some(task) = Task::for_workers(m.phase()) else {
                     continue;
                 };
                 // A shard registered after this worker started is connected before the task
