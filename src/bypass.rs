@@ -87,6 +87,24 @@ pub fn locations(from: &RoutingVersion, to: &RoutingVersion) -> Vec<(Location, R
     out
 }
 
+/// A stored role (the column's CHECK allows exactly these names).
+impl TryFrom<String> for Role {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Role, String> {
+        Role::parse(&text).ok_or_else(|| format!("unknown watch role {text:?}"))
+    }
+}
+
+/// A stored operation (the column's CHECK allows exactly these names).
+impl TryFrom<String> for Operation {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Operation, String> {
+        Operation::parse(&text).ok_or_else(|| format!("unknown bypass operation {text:?}"))
+    }
+}
+
 /// The kind of write a bypass was, as recorded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -100,6 +118,18 @@ pub enum Operation {
 }
 
 impl Operation {
+    pub const ALL: [Operation; 5] = [
+        Operation::Insert,
+        Operation::Update,
+        Operation::Replace,
+        Operation::Delete,
+        Operation::Gap,
+    ];
+
+    pub fn parse(text: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|o| o.as_str() == text)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Operation::Insert => "insert",
@@ -234,6 +264,21 @@ impl Resolution {
 mod tests {
     use super::*;
     use mongodb::bson::doc;
+
+    #[test]
+    fn stored_roles_and_operations_read_back_as_written_and_nothing_else() {
+        for role in [Role::Source, Role::Target, Role::Shared] {
+            assert_eq!(Role::try_from(role.as_str().to_owned()), Ok(role));
+        }
+        for operation in Operation::ALL {
+            assert_eq!(
+                Operation::try_from(operation.as_str().to_owned()),
+                Ok(operation)
+            );
+        }
+        assert!(Role::try_from("Source".to_owned()).is_err());
+        assert!(Operation::try_from("upsert".to_owned()).is_err());
+    }
 
     fn ctx(role: Role, switched: bool) -> Context<'static> {
         Context {

@@ -298,6 +298,16 @@ pub struct UnknownPhase {
     pub given: String,
 }
 
+/// A stored phase: `migrations.phase` (its CHECK allows exactly the names of [`Phase::ALL`]),
+/// or a copy of it (`bypasses.phase`, written from the migration's row).
+impl TryFrom<String> for Phase {
+    type Error = UnknownPhase;
+
+    fn try_from(text: String) -> Result<Phase, UnknownPhase> {
+        text.parse()
+    }
+}
+
 impl FromStr for Phase {
     type Err = UnknownPhase;
 

@@ -352,7 +352,7 @@ async fn judge(
         _ => Change::Other,
     };
     let lost = matches!(change, Change::Lost(_));
-    let role = lock.watch.role();
+    let role = lock.watch.role;
     let in_cleaned_range = match (&change, &id) {
         (Change::Delete, Some(id)) if role.holds_source() => {
             cleaned.cover(store, location, id, arrived).await?
@@ -389,7 +389,7 @@ async fn record_gap(
     why: &str,
 ) -> Result<(), WatchError> {
     let ctx = Context {
-        role: lock.watch.role(),
+        role: lock.watch.role,
         switched: lock.watch.switched,
         routing_field: to.routing_field(),
         in_cleaned_range: false,

@@ -57,8 +57,8 @@ pub async fn run(ctx: &Ctx, cmd: BypassCommand) -> Result<()> {
                             b.id.to_string(),
                             b.location().to_string(),
                             output::or_dash(bypass::shown(b)),
-                            b.operation.clone(),
-                            b.phase.clone(),
+                            b.operation.as_str().to_owned(),
+                            b.phase.to_string(),
                             b.happened_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
                             match (&b.resolution, &b.reason) {
                                 (Some(r), Some(why)) => format!("{r}: {why}"),

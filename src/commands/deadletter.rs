@@ -31,7 +31,7 @@ pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
                         [
                             d.id.to_string(),
                             ids::shown_encoded(&d.doc_id, &d.doc_id_text),
-                            d.status.clone(),
+                            d.status.to_string(),
                             format!(
                                 "{}/{}",
                                 d.source_shard.as_deref().unwrap_or("-"),

@@ -256,8 +256,8 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                             e.at.to_rfc3339(),
                             e.actor.clone(),
                             e.kind.to_string(),
-                            output::or_dash(e.from_phase.as_ref()),
-                            output::or_dash(e.to_phase.as_ref()),
+                            output::or_dash(e.from_phase.0.map(Phase::as_str)),
+                            output::or_dash(e.to_phase.0.map(Phase::as_str)),
                             e.epoch.to_string(),
                             output::or_dash(e.reason.as_ref()),
                         ]

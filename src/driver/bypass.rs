@@ -11,7 +11,7 @@ use std::time::Duration;
 use mongodb::bson::{doc, Bson, Document};
 
 use super::Driver;
-use crate::bypass::{Resolution, Role};
+use crate::bypass::{Operation, Resolution, Role};
 use crate::envelope::{self, META};
 use crate::error::{Error, Result};
 use crate::ids;
@@ -120,7 +120,7 @@ pub async fn resolve(
                 .into_iter()
                 .filter(|b| {
                     !known.contains(&b.id)
-                        && b.operation == "delete"
+                        && b.operation == Operation::Delete
                         && b.location() == first.location()
                         && b.doc_id == first.doc_id
                 }),
@@ -150,7 +150,7 @@ pub fn shown(b: &Bypass) -> Option<String> {
 
 /// Why bypass `b` of migration `id` cannot be recopied now, if it cannot.
 fn recopy_refused(id: i64, m: &crate::store::migrations::Migration, b: &Bypass) -> Option<Error> {
-    if b.operation == "gap" {
+    if b.operation == Operation::Gap {
         return Some(Error::bad_input(format!(
             "bypass {} is a gap in the watch of {}: it names no document to recopy; check the \
              layouts (`reshard reconcile {id} --full`) and resolve it with --action ignore",

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 use crate::hooks::{self, EventFacts, MigrationFacts, Payload};
+use crate::phase::Phase;
 use crate::store::hooks::{Hook, HookLock};
 use crate::store::migrations::Event;
 use crate::store::{Store, StoreError, StoreResult};
@@ -192,8 +193,8 @@ async fn run(lock: &HookLock, event: &Event) -> std::result::Result<(), String> 
             kind: event.kind,
             at: at.clone(),
             actor: &event.actor,
-            from_phase: event.from_phase.as_deref(),
-            to_phase: event.to_phase.as_deref(),
+            from_phase: event.from_phase.0.map(Phase::as_str),
+            to_phase: event.to_phase.0.map(Phase::as_str),
             epoch: event.epoch,
             reason: event.reason.as_deref(),
             details: &event.details,

@@ -21,7 +21,7 @@ use crate::settings::MigrationSettings;
 use crate::store::events::{EventKind, NewEvent};
 use crate::store::migrations::Migration;
 use crate::store::partitions::{PartitionState, Task};
-use crate::store::reconcile::{Finding, FindingKind, NewFinding, Run};
+use crate::store::reconcile::{Finding, FindingKind, NewFinding, Run, RunMode};
 
 /// What a run is asked to do.
 #[derive(Clone, Debug)]
@@ -130,7 +130,7 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
     let run = match request.resume {
         Some(r) => {
             let run = driver.store.reconciliation_run(id, Some(r)).await?;
-            if run.finished_at.is_some() || run.mode != "full" {
+            if run.finished_at.is_some() || run.mode != RunMode::Full {
                 return Err(Error::bad_input(format!(
                     "reconciliation run {r} of migration {id} cannot be resumed: only an \
                      unfinished full run can (it is {}, {})",
@@ -149,7 +149,11 @@ pub async fn run(driver: &Driver, id: i64, request: RunRequest) -> Result<RunOut
                 .store
                 .start_reconciliation(
                     id,
-                    if options.full { "full" } else { "sample" },
+                    if options.full {
+                        RunMode::Full
+                    } else {
+                        RunMode::Sample
+                    },
                     json!(options),
                 )
                 .await?;

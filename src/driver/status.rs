@@ -16,6 +16,7 @@ use crate::store::events::EventKind;
 use crate::store::partitions::{
     wave_bound, Partition, PartitionState, Task, TaskTotals, STALLED_AFTER,
 };
+use crate::store::reconcile::RunMode;
 use crate::store::routers::RouterRow;
 use crate::store::workers::WorkerRow;
 use crate::store::Store;
@@ -378,7 +379,7 @@ pub async fn latest_full_run_partitions(store: &Store, id: i64) -> Result<Vec<Pa
     let runs = store.reconciliation_runs(id).await?;
     match runs
         .iter()
-        .filter(|r| r.mode == "full")
+        .filter(|r| r.mode == RunMode::Full)
         .max_by_key(|r| r.id)
     {
         Some(run) => Ok(store.verify_partitions(run.id).await?),

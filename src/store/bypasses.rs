@@ -9,6 +9,7 @@ use super::events::{self, EventKind, NewEvent};
 use super::migrations::{Migration, MIGRATION_COLUMNS};
 use super::{Store, StoreError, StoreResult};
 use crate::bypass::{Operation, Resolution, Role};
+use crate::phase::Phase;
 use crate::routing::Location;
 
 /// The phases in which a bypass is recorded: from the moment the driver leaves `planned` until
@@ -26,7 +27,8 @@ pub struct Watch {
     pub migration_id: i64,
     pub shard: String,
     pub collection: String,
-    pub role: String,
+    #[sqlx(try_from = "String")]
+    pub role: Role,
     #[serde(skip)]
     pub resume_token: Option<Vec<u8>>,
     pub switched: bool,
@@ -38,10 +40,6 @@ pub struct Watch {
 impl Watch {
     pub fn location(&self) -> Location {
         Location::new(self.shard.clone(), self.collection.clone())
-    }
-
-    pub fn role(&self) -> Role {
-        Role::parse(&self.role).unwrap_or(Role::Shared)
     }
 }
 
@@ -67,8 +65,10 @@ pub struct Bypass {
     pub doc_id: Option<Vec<u8>>,
     #[serde(rename = "id_text")]
     pub doc_id_text: Option<String>,
-    pub operation: String,
-    pub phase: String,
+    #[sqlx(try_from = "String")]
+    pub operation: Operation,
+    #[sqlx(try_from = "String")]
+    pub phase: Phase,
     pub happened_at: DateTime<Utc>,
     pub seen_at: DateTime<Utc>,
     pub details: serde_json::Value,

@@ -10,6 +10,17 @@ use super::migrations::{migration_in, Event, Migration};
 use super::{Store, StoreError, StoreResult};
 use crate::hooks::{HookOn, NewHook};
 
+/// Who declared a hook: `reshard hook add`, or a playbook's `hooks:` (which the playbook then
+/// owns: it replaces or removes them on its next run). Stored as its name (the column's CHECK
+/// allows these two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum HookOrigin {
+    Cli,
+    Playbook,
+}
+
 /// A hook as stored.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct Hook {
@@ -20,7 +31,7 @@ pub struct Hook {
     pub command: String,
     pub blocking: bool,
     pub timeout_ms: i64,
-    pub origin: String,
+    pub origin: HookOrigin,
     pub delivered_through: i64,
     pub deliveries: i64,
     pub failures: i64,
@@ -76,7 +87,7 @@ impl Store {
         actor: &str,
     ) -> StoreResult<Hook> {
         let mut tx = self.pool().begin().await?;
-        let added = insert_hook(&mut tx, migration_id, hook, "cli", actor).await?;
+        let added = insert_hook(&mut tx, migration_id, hook, HookOrigin::Cli, actor).await?;
         self.finish(tx).await?;
         Ok(added)
     }
@@ -125,9 +136,9 @@ impl Store {
         for hook in declared {
             match existing.iter().find(|h| h.name == hook.name) {
                 None => {
-                    insert_hook(&mut tx, migration_id, hook, "playbook", actor).await?;
+                    insert_hook(&mut tx, migration_id, hook, HookOrigin::Playbook, actor).await?;
                 }
-                Some(h) if h.origin != "playbook" => {
+                Some(h) if h.origin != HookOrigin::Playbook => {
                     return Err(StoreError::Conflict(format!(
                         "the playbook declares hook {:?}, and migration {migration_id} has a \
                          hook of that name added with `reshard hook add`; rename one",
@@ -161,10 +172,9 @@ impl Store {
                 }
             }
         }
-        for h in existing
-            .iter()
-            .filter(|h| h.origin == "playbook" && !declared.iter().any(|d| d.name == h.name))
-        {
+        for h in existing.iter().filter(|h| {
+            h.origin == HookOrigin::Playbook && !declared.iter().any(|d| d.name == h.name)
+        }) {
             sqlx::query("DELETE FROM migration_hooks WHERE id = $1")
                 .bind(h.id)
                 .execute(&mut *tx)
@@ -284,7 +294,7 @@ async fn insert_hook(
     tx: &mut Transaction<'static, Postgres>,
     migration_id: i64,
     hook: &NewHook,
-    origin: &str,
+    origin: HookOrigin,
     actor: &str,
 ) -> StoreResult<Hook> {
     let migration = migration_in(tx, migration_id).await?;

@@ -16,7 +16,7 @@ pub struct Migration {
     pub from_version: i32,
     pub to_version: i32,
     #[sqlx(try_from = "String")]
-    pub phase: PhaseColumn,
+    pub phase: Phase,
     pub epoch: i64,
     pub paused: bool,
     pub failure_reason: Option<String>,
@@ -38,21 +38,22 @@ pub struct Migration {
     pub app_p99_baseline_ms: Option<f64>,
 }
 
-/// A phase read from its text column (checked by a constraint in the schema).
+/// The phases an event moved between, read from their text columns (`None` for an event that
+/// did not change the phase).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
-pub struct PhaseColumn(pub Phase);
+pub struct EventPhase(pub Option<Phase>);
 
-impl TryFrom<String> for PhaseColumn {
+impl TryFrom<Option<String>> for EventPhase {
     type Error = crate::phase::UnknownPhase;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse().map(PhaseColumn)
+    fn try_from(s: Option<String>) -> Result<Self, Self::Error> {
+        s.map(Phase::try_from).transpose().map(EventPhase)
     }
 }
 
 impl Migration {
     pub fn phase(&self) -> Phase {
-        self.phase.0
+        self.phase
     }
 
     pub fn state(&self) -> MigrationState {
@@ -83,8 +84,10 @@ pub struct Event {
     pub at: DateTime<Utc>,
     pub actor: String,
     pub kind: EventKind,
-    pub from_phase: Option<String>,
-    pub to_phase: Option<String>,
+    #[sqlx(try_from = "Option<String>")]
+    pub from_phase: EventPhase,
+    #[sqlx(try_from = "Option<String>")]
+    pub to_phase: EventPhase,
     pub epoch: i64,
     pub reason: Option<String>,
     pub details: serde_json::Value,

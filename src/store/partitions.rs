@@ -335,10 +335,37 @@ pub struct DeadLetter {
     pub code_name: Option<String>,
     pub message: String,
     pub attempts: i32,
-    pub status: String,
+    pub status: DeadLetterStatus,
     pub resolution: Option<String>,
     pub created_at: DateTime<Utc>,
     pub resolved_at: Option<DateTime<Utc>>,
+}
+
+/// Where a dead letter stands: open until a retry copies it or an operator skips it. Stored as
+/// its name (the column's CHECK allows these three).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetterStatus {
+    Open,
+    Retried,
+    Skipped,
+}
+
+impl DeadLetterStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterStatus::Open => "open",
+            DeadLetterStatus::Retried => "retried",
+            DeadLetterStatus::Skipped => "skipped",
+        }
+    }
+}
+
+impl std::fmt::Display for DeadLetterStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 const DEAD_LETTER_COLUMNS: &str = "id, migration_id, partition_id, doc_id, doc_id_text, target,

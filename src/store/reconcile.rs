@@ -24,12 +24,37 @@ pub struct VerifiedBatch<'a> {
 pub struct Run {
     pub id: i64,
     pub migration_id: i64,
-    pub mode: String,
+    pub mode: RunMode,
     pub settings: serde_json::Value,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
     pub passed: Option<bool>,
     pub summary: serde_json::Value,
+}
+
+/// How a run reads the source: a stratified sample, or every document (leased, resumable).
+/// Stored as its name (the column's CHECK allows these two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum RunMode {
+    Sample,
+    Full,
+}
+
+impl RunMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunMode::Sample => "sample",
+            RunMode::Full => "full",
+        }
+    }
+}
+
+impl std::fmt::Display for RunMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What a finding says is wrong. Stored as its snake_case name.
@@ -120,7 +145,7 @@ impl Store {
     pub async fn start_reconciliation(
         &self,
         migration_id: i64,
-        mode: &str,
+        mode: RunMode,
         settings: serde_json::Value,
     ) -> StoreResult<Run> {
         Ok(sqlx::query_as(&format!(
