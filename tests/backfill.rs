@@ -1042,7 +1042,10 @@ async fn refused_copies_become_dead_letters_that_hold_the_gate() {
         assert!(!d.message.is_empty(), "{d:?}");
         assert_eq!(d.target.as_deref(), Some("s4/orders"), "{d:?}");
         assert_eq!(d.source_shard.as_deref(), Some("s1"), "{d:?}");
-        assert_eq!(d.status, reshard::store::partitions::DeadLetterStatus::Open);
+        assert_eq!(
+            d.status,
+            reshard::store::dead_letters::DeadLetterStatus::Open
+        );
     }
     verify_targets(&fx, &docs, &refused).await;
 

@@ -8,7 +8,7 @@ use crate::driver::{deadletters, Driver, Quiet};
 use crate::error::{Error, Result};
 use crate::ids;
 use crate::output;
-use crate::store::partitions::DeadLetter;
+use crate::store::dead_letters::DeadLetter;
 
 pub async fn run(ctx: &Ctx, cmd: DeadletterCommand) -> Result<()> {
     match cmd {

@@ -7,7 +7,7 @@ use crate::copy::{BulkWriter, StatementResult, WriterOptions};
 use crate::error::{Error, Result};
 use crate::ids;
 use crate::routing::Location;
-use crate::store::partitions::{DeadLetter, Refusal, RetryOutcome};
+use crate::store::dead_letters::{DeadLetter, Refusal, RetryOutcome};
 use crate::worker::prepare_batch;
 
 /// What became of one retried dead letter.

@@ -5,6 +5,7 @@
 //! the rows are what they act on.
 
 pub mod bypasses;
+pub mod dead_letters;
 pub mod events;
 mod gates;
 pub mod hooks;

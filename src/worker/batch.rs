@@ -14,7 +14,8 @@ use crate::envelope;
 use crate::ids;
 use crate::protocol::{self, BackfillAction, CleanupAction, RevertAction, Side, Step};
 use crate::routing::{Location, RoutingVersion};
-use crate::store::partitions::{Checkpoint, NewDeadLetter};
+use crate::store::dead_letters::NewDeadLetter;
+use crate::store::partitions::Checkpoint;
 
 /// What a statement of a batch does, for the ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

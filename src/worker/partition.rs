@@ -18,8 +18,9 @@ use crate::ids;
 use crate::protocol;
 use crate::routing::Location;
 use crate::shards::read::Merge;
+use crate::store::dead_letters::NewDeadLetter;
 use crate::store::events::{EventKind, NewEvent};
-use crate::store::partitions::{Checkpoint, Claim, NewDeadLetter, Partition, Task};
+use crate::store::partitions::{Checkpoint, Claim, Partition, Task};
 use crate::store::StoreError;
 
 use super::batch::{
