@@ -28,9 +28,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, Document};
-use reshard::copy::{BulkWriter, WriterOptions};
 use reshard::phase::{Action, Phase};
 use reshard::routing::Location;
+use reshard::shards::{BulkWriter, WriterOptions};
 use reshard::store::partitions::Task;
 use reshard::store::Store;
 use reshard::worker::prepare_batch;
@@ -112,7 +112,7 @@ async fn raw_copy(
     collection: &str,
 ) -> Duration {
     let started = Instant::now();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<reshard::copy::Statement>>(IN_FLIGHT);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<reshard::shards::Statement>>(IN_FLIGHT);
     let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
     let writers: Vec<_> = (0..IN_FLIGHT)
         .map(|_| {

@@ -23,9 +23,9 @@ use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reshard::copy::writer::disable_driver_write_retries;
-use reshard::copy::{BulkWriter, Statement, WriterOptions};
 use reshard::routing::Location;
+use reshard::shards::writer::disable_driver_write_retries;
+use reshard::shards::{BulkWriter, Statement, WriterOptions};
 use serde_json::json;
 use support::{MongoServer, Shards};
 
@@ -109,7 +109,7 @@ async fn ordered_baseline(databases: &BTreeMap<String, Database>, statements: &[
         let documents: Vec<Bson> = statements[start..end]
             .iter()
             .map(|s| match &s.op {
-                reshard::copy::WriteOp::Insert(d) => Bson::Document(d.clone()),
+                reshard::shards::WriteOp::Insert(d) => Bson::Document(d.clone()),
                 other => panic!("{other:?}"),
             })
             .collect();

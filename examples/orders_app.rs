@@ -448,7 +448,7 @@ async fn seed_orders(args: &Args, n: u64) -> Result<bool, Box<dyn std::error::Er
         .version(&args.collection, Some(current))
         .await?
         .version;
-    let shards = reshard::shards::Shards::connect(&store.shards().await?, false).await?;
+    let databases = own_databases(&store.shards().await?).await?;
     let zipf = Zipf::new(args.tenants.max(1), args.zipf);
     let mut rng = StdRng::seed_from_u64(args.seed.unwrap_or(7));
     let now = mongodb::bson::DateTime::now().timestamp_millis();
@@ -477,13 +477,19 @@ async fn seed_orders(args: &Args, n: u64) -> Result<bool, Box<dyn std::error::Er
         if batch.len() >= 1000 {
             let docs = std::mem::take(batch);
             written += docs.len() as u64;
-            shards.collection(&location)?.insert_many(docs).await?;
+            databases[&location.shard]
+                .collection::<Document>(&location.collection)
+                .insert_many(docs)
+                .await?;
         }
     }
     for (location, docs) in batches {
         if !docs.is_empty() {
             written += docs.len() as u64;
-            shards.collection(&location)?.insert_many(docs).await?;
+            databases[&location.shard]
+                .collection::<Document>(&location.collection)
+                .insert_many(docs)
+                .await?;
         }
     }
     println!(
@@ -493,18 +499,32 @@ async fn seed_orders(args: &Args, n: u64) -> Result<bool, Box<dyn std::error::Er
     Ok(true)
 }
 
+/// The application's own handle on each registered shard's database: seeding and counting
+/// are the application's writes and reads, not reshard's.
+async fn own_databases(
+    registered: &[reshard::store::shards::Shard],
+) -> Result<std::collections::BTreeMap<String, mongodb::Database>, Box<dyn std::error::Error>> {
+    let mut databases = std::collections::BTreeMap::new();
+    for shard in registered {
+        let uri = reshard::shards::resolve_uri(shard.uri.expose())?;
+        let client = mongodb::Client::with_uri_str(&uri).await?;
+        databases.insert(shard.name.clone(), client.database(&shard.database));
+    }
+    Ok(databases)
+}
+
 /// Per shard: the orders it holds (tombstones aside) and those created in the last `window`.
 async fn shard_load(args: &Args, window: Duration) -> Result<bool, Box<dyn std::error::Error>> {
     let store = reshard::store::Store::connect(&args.database_url).await?;
     let registered = store.shards().await?;
-    let shards = reshard::shards::Shards::connect(&registered, false).await?;
+    let databases = own_databases(&registered).await?;
     let since = mongodb::bson::DateTime::from_millis(
         mongodb::bson::DateTime::now().timestamp_millis() - window.as_millis() as i64,
     );
     let live = doc! { "_reshard.deleted": { "$ne": true } };
     let mut out = serde_json::Map::new();
     for shard in &registered {
-        let db = shards.database(&shard.name)?;
+        let db = &databases[&shard.name];
         let (mut documents, mut recent) = (0_u64, 0_u64);
         for name in db.list_collection_names().await? {
             if !name.starts_with(&args.collection) {

@@ -16,7 +16,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use futures::TryStreamExt;
 use mongodb::bson::doc;
 use serde_json::json;
 
@@ -24,15 +23,11 @@ use crate::disposition::{self, Disposition};
 use crate::envelope::{self, tombstones, META};
 use crate::protocol::Side;
 use crate::routing::{Location, RoutingVersion};
-use crate::shards::read::ReadError;
+use crate::shards::read::{QueryOptions, ReadError};
 use crate::shards::Shards;
 
 /// A read or a write of the last steps failed, and where.
 pub type FinishError = ReadError;
-
-fn at(location: &Location) -> impl Fn(mongodb::error::Error) -> FinishError + '_ {
-    ReadError::at(location)
-}
 
 /// After `completed`: purges target tombstones; drops emptied source collections when
 /// `drop_empty_source`. Returns what it did.
@@ -45,12 +40,7 @@ pub async fn purge_completed(
     let targets: BTreeSet<Location> = to.locations().into_iter().collect();
     let mut purged = BTreeMap::new();
     for t in &targets {
-        let r = shards
-            .collection(t)?
-            .delete_many(tombstones())
-            .await
-            .map_err(at(t))?;
-        purged.insert(t.to_string(), r.deleted_count);
+        purged.insert(t.to_string(), shards.delete_many(t, tombstones()).await?);
     }
     let mut dropped = Vec::new();
     let mut kept = BTreeMap::new();
@@ -59,10 +49,9 @@ pub async fn purge_completed(
         .into_iter()
         .filter(|s| !targets.contains(s))
     {
-        let coll = shards.collection(&s)?;
-        let left = coll.count_documents(doc! {}).await.map_err(at(&s))?;
+        let left = shards.count(&s, doc! {}).await?;
         if left == 0 && drop_empty_source {
-            coll.drop().await.map_err(at(&s))?;
+            shards.drop_collection(&s).await?;
             dropped.push(s.to_string());
         } else {
             kept.insert(s.to_string(), left);
@@ -81,34 +70,40 @@ pub async fn remove_target_layout(
     let mut dropped = Vec::new();
     let mut removed = BTreeMap::new();
     for t in to.locations() {
-        let coll = shards.collection(&t)?;
         if !sources.contains(&t) {
-            coll.drop().await.map_err(at(&t))?;
+            shards.drop_collection(&t).await?;
             dropped.push(t.to_string());
             continue;
         }
         // A shared collection: remove what reshard wrote there for the target only, the
         // documents that are foreign to the source layout here.
-        let mut cursor = coll
-            .find(envelope::written_by_reshard())
-            .projection(doc! {
+        let options = QueryOptions {
+            projection: Some(doc! {
                 "_id": 1, &from.tenant_key: 1, &from.id_field: 1, format!("{META}.deleted"): 1,
-            })
-            .await
-            .map_err(at(&t))?;
+            }),
+            batch_size: 1_000,
+            ..QueryOptions::default()
+        };
+        let mut scan = shards
+            .query(&t, envelope::written_by_reshard(), options)
+            .await?;
         let mut foreign = Vec::new();
-        while let Some(d) = cursor.try_next().await.map_err(at(&t))? {
-            if disposition::of(Side::Source, from, to, &t, &d) == Disposition::Foreign {
-                foreign.extend(d.get("_id").cloned());
+        loop {
+            let batch = scan.next_batch().await?;
+            if batch.is_empty() {
+                break;
+            }
+            for d in batch {
+                if disposition::of(Side::Source, from, to, &t, &d) == Disposition::Foreign {
+                    foreign.extend(d.get("_id").cloned());
+                }
             }
         }
         let mut n = 0;
         for chunk in foreign.chunks(1_000) {
-            n += coll
-                .delete_many(doc! { "_id": { "$in": chunk.to_vec() } })
-                .await
-                .map_err(at(&t))?
-                .deleted_count;
+            n += shards
+                .delete_many(&t, doc! { "_id": { "$in": chunk.to_vec() } })
+                .await?;
         }
         removed.insert(t.to_string(), n);
     }
@@ -128,12 +123,7 @@ pub async fn purge_source_tombstones(
     let sources: BTreeSet<Location> = from.locations().into_iter().collect();
     let mut purged = BTreeMap::new();
     for s in &sources {
-        let r = shards
-            .collection(s)?
-            .delete_many(tombstones())
-            .await
-            .map_err(at(s))?;
-        purged.insert(s.to_string(), r.deleted_count);
+        purged.insert(s.to_string(), shards.delete_many(s, tombstones()).await?);
     }
     Ok(json!({ "source_tombstones_purged": purged }))
 }

@@ -295,14 +295,7 @@ enum Horizon {
 
 impl Horizon {
     async fn now(shards: &Shards, location: &Location) -> Horizon {
-        let reply = match shards.database(&location.shard) {
-            Ok(db) => db.run_command(doc! { "ping": 1 }).await.ok(),
-            Err(_) => None,
-        };
-        match reply
-            .as_ref()
-            .and_then(|r| r.get_timestamp("operationTime").ok())
-        {
+        match shards.operation_time(location).await {
             Some(t) => Horizon::Cluster(t),
             None => Horizon::Wall(Utc::now()),
         }
@@ -434,21 +427,17 @@ async fn open_raw(
     location: &Location,
     resume_after: Option<ResumeToken>,
 ) -> Result<Result<ChangeStream<Document>, mongodb::error::Error>, WatchError> {
+    // Only what the judgement reads: a copy's or a router's whole document would otherwise
+    // cross the network again for every write the migration makes.
+    let pipeline = vec![doc! {
+        "$project": {
+            "operationType": 1, "documentKey": 1, "updateDescription": 1,
+            "wallTime": 1, "clusterTime": 1, format!("fullDocument.{META}.src"): 1,
+        }
+    }];
     Ok(shards
-        .collection(location)?
-        .watch()
-        .pipeline([doc! {
-            // Only what the judgement reads: a copy's or a router's whole document would
-            // otherwise cross the network again for every write the migration makes.
-            "$project": {
-                "operationType": 1, "documentKey": 1, "updateDescription": 1,
-                "wallTime": 1, "clusterTime": 1, format!("fullDocument.{META}.src"): 1,
-            }
-        }])
-        .resume_after(resume_after)
-        .max_await_time(Duration::from_millis(200))
-        .await
-        .map(|s| s.with_type::<Document>()))
+        .change_stream(location, pipeline, resume_after, Duration::from_millis(200))
+        .await?)
 }
 
 /// Whether resuming failed because the token cannot be resumed from (its history is gone, or

@@ -879,7 +879,7 @@ async fn overload_cuts_the_rate_and_loses_nothing() {
     let failed = Arc::new(FailedInserts::default());
     let server = &fx.servers[0];
     let mut options = ClientOptions::parse(server.uri()).await.unwrap();
-    reshard::copy::writer::disable_driver_write_retries(&mut options);
+    reshard::shards::writer::disable_driver_write_retries(&mut options);
     options.app_name = Some("reshard".into());
     let seen = failed.clone();
     options.command_event_handler = Some(EventHandler::callback(move |event| {

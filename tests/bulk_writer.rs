@@ -12,13 +12,13 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
-use reshard::copy::classify::failures_from_driver_error;
-use reshard::copy::writer::{disable_driver_write_retries, CommandLimits};
-use reshard::copy::{
+use reshard::routing::Location;
+use reshard::shards::classify::failures_from_driver_error;
+use reshard::shards::writer::{disable_driver_write_retries, CommandLimits};
+use reshard::shards::{
     classify, BulkWriter, FailureClass, RetryPolicy, Statement, StatementResult, WriterError,
     WriterOptions,
 };
-use reshard::routing::Location;
 use serde_json::json;
 use support::{MongoServer, Shards};
 
@@ -149,11 +149,11 @@ async fn one_command_per_shard_duplicates_dropped_and_repeats_already_present() 
         .map(|s| {
             let mut again = s.clone();
             let mut document = match &s.op {
-                reshard::copy::WriteOp::Insert(d) => d.clone(),
+                reshard::shards::WriteOp::Insert(d) => d.clone(),
                 other => panic!("{other:?}"),
             };
             document.insert("v", "second");
-            again.op = reshard::copy::WriteOp::Insert(document);
+            again.op = reshard::shards::WriteOp::Insert(document);
             again
         })
         .collect();
@@ -295,7 +295,7 @@ async fn a_document_the_target_refuses_is_dead_lettered_and_updates_and_deletes_
     let mut batch = inserts(300, 2);
     let refused = batch.iter().position(|s| shard_of(s) == "s2").unwrap();
     match &mut batch[refused].op {
-        reshard::copy::WriteOp::Insert(document) => {
+        reshard::shards::WriteOp::Insert(document) => {
             document.remove("must");
         }
         other => panic!("{other:?}"),

@@ -691,9 +691,9 @@ async fn the_copy_back_leaves_out_the_mirrors_routers_already_made() {
         "only the unmirrored write"
     );
     // It carries the write the target alone knew back.
-    let writer = reshard::copy::writer::BulkWriter::new(
+    let writer = reshard::shards::writer::BulkWriter::new(
         w.shards.clone(),
-        reshard::copy::writer::WriterOptions::default(),
+        reshard::shards::writer::WriterOptions::default(),
     );
     writer.write(left).await.unwrap();
     let source = w
@@ -757,9 +757,9 @@ async fn in_a_collection_both_layouts_share_no_mirror_writes_an_older_image_over
     // The batch lands after each application write and before that write's own mirror (a
     // worker's bulk write lands whenever it lands).
     let statements = Arc::new(batch.statements);
-    let writer = Arc::new(reshard::copy::writer::BulkWriter::new(
+    let writer = Arc::new(reshard::shards::writer::BulkWriter::new(
         w.shards.clone(),
-        reshard::copy::writer::WriterOptions::default(),
+        reshard::shards::writer::WriterOptions::default(),
     ));
     let landed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let hook: StepHook = {

@@ -8,11 +8,11 @@ use std::borrow::Cow;
 
 use mongodb::bson::{Bson, Document, RawDocumentBuf};
 
-use super::writer::{Modification, Statement, WriteOp};
 use crate::disposition::Disposition;
 use crate::envelope;
 use crate::protocol::{Payload, Side, Step};
 use crate::routing::{Location, RoutingVersion};
+use crate::shards::writer::{Modification, Statement, WriteOp};
 
 /// What stamps a worker's writes: the two versions, the migration and its epoch.
 #[derive(Clone, Copy, Debug)]

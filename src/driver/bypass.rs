@@ -213,12 +213,13 @@ async fn recopy(driver: &Driver, id: i64, b: &Bypass) -> Result<String> {
                 if role == Some(Role::Target) {
                     // The plain document stays only where the router did not put its own.
                     let stray = shards
-                        .collection(&here)
-                        .map_err(|e| failed(&e))?
-                        .delete_one(doc! { "_id": doc_id.clone(), META: { "$exists": false } })
+                        .delete_one(
+                            &here,
+                            doc! { "_id": doc_id.clone(), META: { "$exists": false } },
+                        )
                         .await
-                        .map_err(|e| failed(&crate::shards::describe(&e)))?;
-                    if stray.deleted_count == 1 {
+                        .map_err(|e| failed(&e))?;
+                    if stray {
                         outcome.push_str(&format!("; {REMOVED} at {here}"));
                     }
                 }

@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 
 use super::Driver;
 use crate::capacity::{self, Inputs, LocationSample, Report, SampledDoc};
 use crate::error::{Error, Result};
 use crate::routing::{KeyValue, RoutingVersion};
+use crate::shards::read::ReadError;
 use crate::shards::Shards;
 use crate::spec::playbook::{Playbook, Source};
 
@@ -51,21 +51,16 @@ pub async fn plan(driver: &Driver, pb: &Playbook) -> Result<Report> {
     let since = chrono::Utc::now() - chrono::Duration::from_std(window).unwrap_or_default();
     let mut samples = Vec::new();
     for location in from.locations() {
-        let coll = shards
-            .collection(&location)
-            .map_err(|e| Error::bad_input(e.to_string()))?;
-        let failed = |e: mongodb::error::Error| {
-            Error::failed(crate::redact::redact_uri(&format!(
-                "reading {location}: {}",
-                crate::shards::describe(&e)
-            )))
+        let failed = |e: ReadError| match e {
+            ReadError::UnknownShard(e) => Error::bad_input(e.to_string()),
+            e => Error::failed(crate::redact::redact_uri(&e.to_string())),
         };
-        let documents = coll.estimated_document_count().await.map_err(failed)?;
-        let docs: Vec<Document> = coll
-            .aggregate(vec![doc! { "$sample": { "size": sample_size as i64 } }])
-            .await
-            .map_err(failed)?
-            .try_collect()
+        let documents = shards.estimated_count(&location).await.map_err(failed)?;
+        let docs: Vec<Document> = shards
+            .aggregate(
+                &location,
+                vec![doc! { "$sample": { "size": sample_size as i64 } }],
+            )
             .await
             .map_err(failed)?;
         let sampled = docs

@@ -3,10 +3,10 @@
 //! writer), and its partition's ledger moves it from `dead_lettered` to what the write came to.
 
 use super::Driver;
-use crate::copy::{BulkWriter, StatementResult, WriterOptions};
 use crate::error::{Error, Result};
 use crate::ids;
 use crate::routing::Location;
+use crate::shards::{BulkWriter, StatementResult, WriterOptions};
 use crate::store::dead_letters::{DeadLetter, Refusal, RetryOutcome};
 use crate::worker::prepare_batch;
 
@@ -28,7 +28,7 @@ pub async fn retry(driver: &Driver, id: i64, letters: &[DeadLetter]) -> Result<V
     let m = driver.store.migration(id).await?;
     let (from, to) = driver.store.migration_versions(&m).await?;
     let shards = driver.shards(true).await?;
-    let writer = BulkWriter::new(shards.entries(), WriterOptions::default());
+    let writer = BulkWriter::over(&shards, WriterOptions::default());
     let mut out = Vec::new();
     for letter in letters {
         let result = |resolved: bool, what: String| Retried {

@@ -16,10 +16,6 @@ use crate::store::reconcile::{FindingKind, NewFinding};
 
 use super::*;
 
-pub(super) fn read_err(location: &Location) -> impl Fn(mongodb::error::Error) -> ReadError + '_ {
-    ReadError::at(location)
-}
-
 pub(super) fn keys_of(version: &RoutingVersion, doc: &Document) -> Option<(KeyValue, KeyValue)> {
     version.document_keys(doc).ok()
 }

@@ -206,12 +206,7 @@ pub async fn run(
         let count = match options.counted.get(&p.id) {
             Some(read) => *read,
             None if options.presence_done => 0,
-            None => scene
-                .shards
-                .collection(&location)?
-                .count_documents(filter)
-                .await
-                .map_err(read_err(&location))? as i64,
+            None => scene.shards.count(&location, filter).await? as i64,
         };
         let ledger = p.scanned + p.skipped_foreign;
         result.counts_checked.push(json!({
@@ -290,13 +285,12 @@ pub async fn run(
         targets.clone()
     };
     for target in &sampled_placement {
-        let coll = scene.shards.collection(target)?;
         let name = format!("placement:{target}");
         let mut stratum = Stratum {
             name: name.clone(),
             ..Stratum::default()
         };
-        let docs = sample_written(&coll, options.sample.max(1), target).await?;
+        let docs = sample_written(&scene.shards, options.sample.max(1), target).await?;
         for d in docs {
             let id = d.get("_id").cloned().unwrap_or(Bson::Null);
             let Some(outcome) = judge_placement(scene, target, &d) else {

@@ -8,6 +8,7 @@ use crate::envelope::{self};
 use crate::ids;
 use crate::protocol::{self, Answer, Payload, Side, Step};
 use crate::routing::Location;
+use crate::shards::write::Inserted;
 use crate::store::reconcile::FindingKind;
 
 use super::*;
@@ -22,7 +23,6 @@ pub(super) async fn repair_copy(
     sub_bucket: u32,
     epoch: i64,
 ) -> Result<&'static str, ReadError> {
-    let coll = scene.shards.collection(goal)?;
     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
     let copy = |payload: &Payload<Document>| match payload {
         Payload::Copy(d) => envelope::copy(d.clone(), &scene.to, sub_bucket, epoch),
@@ -31,18 +31,18 @@ pub(super) async fn repair_copy(
     let mut step: Step<Document, Document> = protocol::repair_copy_step(doc.clone());
     loop {
         let answer: Answer<Document> = match &step {
-            Step::Insert(Side::Target, payload) => match coll.insert_one(copy(payload)).await {
-                Ok(_) => Answer::Inserted,
-                Err(e) if crate::copy::classify::is_duplicate_key(&e) => Answer::DuplicateKey,
-                Err(e) => return Err(read_err(goal)(e)),
-            },
-            Step::ReplaceCopy(Side::Target, payload) => {
-                let r = coll
-                    .replace_one(envelope::pristine_copy_of(&id), copy(payload))
-                    .await
-                    .map_err(read_err(goal))?;
-                Answer::Matched(r.matched_count == 1)
+            Step::Insert(Side::Target, payload) => {
+                match scene.shards.insert_one(goal, copy(payload)).await? {
+                    Inserted::Inserted => Answer::Inserted,
+                    Inserted::DuplicateKey => Answer::DuplicateKey,
+                }
             }
+            Step::ReplaceCopy(Side::Target, payload) => Answer::Matched(
+                scene
+                    .shards
+                    .replace_one(goal, envelope::pristine_copy_of(&id), copy(payload))
+                    .await?,
+            ),
             other => unreachable!("a repair asks for no {other:?}"),
         };
         match (&step, answer) {
@@ -73,10 +73,8 @@ pub(super) async fn repair_from_source(
             } => {
                 scene
                     .shards
-                    .collection(source)?
-                    .update_one(envelope::live(id), envelope::stamp(&field, value))
-                    .await
-                    .map_err(read_err(source))?;
+                    .update_one(source, envelope::live(id), envelope::stamp(&field, value))
+                    .await?;
                 "routing field stamped".to_owned()
             }
             Disposition::Moves { target, sub_bucket } => {
@@ -201,13 +199,11 @@ pub async fn repair(
                 }
                 // Remove the stray only while it is a pristine copy: the application's own
                 // write there is for an operator to look at.
-                let r = scene
+                let removed = scene
                     .shards
-                    .collection(&found)?
-                    .delete_one(envelope::pristine_copy_of(&id))
-                    .await
-                    .map_err(read_err(&found))?;
-                if r.deleted_count == 1 {
+                    .delete_one(&found, envelope::pristine_copy_of(&id))
+                    .await?;
+                if removed {
                     what.push(format!("removed from {found}"));
                 } else {
                     what.push(format!("left the application's write at {found} alone"));

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use serde::Serialize;
 
@@ -47,18 +46,13 @@ pub(super) async fn sample_location(
     filter: &Document,
     options: &ReconcileOptions,
 ) -> Result<Vec<(String, Vec<Document>)>, ReadError> {
-    let coll = scene.shards.collection(location)?;
-    let sample = |filter: Document, size: usize| {
-        let coll = coll.clone();
-        async move {
-            let mut pipeline = Vec::new();
-            if !filter.is_empty() {
-                pipeline.push(doc! { "$match": filter });
-            }
-            pipeline.push(doc! { "$sample": { "size": size as i64 } });
-            let docs: Vec<Document> = coll.aggregate(pipeline).await?.try_collect().await?;
-            Ok::<_, mongodb::error::Error>(docs)
+    let sample = |filter: Document, size: usize| async move {
+        let mut pipeline = Vec::new();
+        if !filter.is_empty() {
+            pipeline.push(doc! { "$match": filter });
         }
+        pipeline.push(doc! { "$sample": { "size": size as i64 } });
+        scene.shards.aggregate(location, pipeline).await
     };
     let k = options.sample.max(1);
     // Where the source collection is also a target location, copies that moved in are not
@@ -71,9 +65,7 @@ pub(super) async fn sample_location(
     match options.stratify {
         Stratify::Shard => Ok(vec![(
             format!("shard:{location}"),
-            sample(filter.clone(), k)
-                .await
-                .map_err(read_err(location))?,
+            sample(filter.clone(), k).await?,
         )]),
         Stratify::Tenant => {
             let key = &scene.from.tenant_key;
@@ -82,35 +74,27 @@ pub(super) async fn sample_location(
                 pipeline.push(doc! { "$match": filter.clone() });
             }
             pipeline.push(doc! { "$sortByCount": format!("${key}") });
-            let groups: Vec<Document> = coll
-                .aggregate(pipeline)
-                .await
-                .map_err(read_err(location))?
-                .try_collect()
-                .await
-                .map_err(read_err(location))?;
+            let groups: Vec<Document> = scene.shards.aggregate(location, pipeline).await?;
             let mut out = Vec::new();
             let mut named = Vec::new();
             for g in groups.iter().take(options.max_strata) {
                 let tenant = g.get("_id").cloned().unwrap_or(Bson::Null);
                 let mut f = filter.clone();
                 f.insert(key.clone(), tenant.clone());
-                let docs = sample(f, k).await.map_err(read_err(location))?;
+                let docs = sample(f, k).await?;
                 out.push((format!("tenant:{}", ids::text(&tenant)), docs));
                 named.push(tenant);
             }
             if groups.len() > options.max_strata {
                 let mut f = filter.clone();
                 f.insert(key.clone(), doc! { "$nin": named });
-                let docs = sample(f, k).await.map_err(read_err(location))?;
+                let docs = sample(f, k).await?;
                 out.push(("tenant:(others)".to_owned(), docs));
             }
             Ok(out)
         }
         Stratify::Bucket => {
-            let docs = sample(filter.clone(), (k * 16).min(50_000))
-                .await
-                .map_err(read_err(location))?;
+            let docs = sample(filter.clone(), (k * 16).min(50_000)).await?;
             let mut bins: BTreeMap<u32, Vec<Document>> = BTreeMap::new();
             for d in docs {
                 let Some((t, i)) = keys_of(&scene.from, &d) else {
@@ -138,18 +122,11 @@ pub(super) async fn sample_location(
 /// where it holds too few of reshard's documents (a collection both layouts share) is the
 /// sample drawn among them exactly, which reads the collection.
 pub(super) async fn sample_written(
-    coll: &mongodb::Collection<Document>,
+    shards: &Shards,
     k: usize,
     target: &Location,
 ) -> Result<Vec<Document>, ReadError> {
-    let run = |pipeline: Vec<Document>| async move {
-        coll.aggregate(pipeline)
-            .await
-            .map_err(read_err(target))?
-            .try_collect::<Vec<Document>>()
-            .await
-            .map_err(read_err(target))
-    };
+    let run = |pipeline: Vec<Document>| shards.aggregate(target, pipeline);
     let sampled = run(vec![doc! { "$sample": { "size": k as i64 } }]).await?;
     let drawn = sampled.len();
     let written: Vec<Document> = sampled
@@ -221,12 +198,7 @@ pub(super) async fn count_differs(scene: &Scene, p: &Partition) -> Result<bool, 
         location: location.clone(),
         source: mongodb::error::Error::custom(e),
     })?;
-    let count = scene
-        .shards
-        .collection(&location)?
-        .count_documents(filter)
-        .await
-        .map_err(read_err(&location))? as i64;
+    let count = scene.shards.count(&location, filter).await? as i64;
     Ok(count != p.scanned + p.skipped_foreign)
 }
 

@@ -7,7 +7,6 @@
 //! and [`RouterError::OutcomeUnknown`] when a write of it may have landed.
 
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::Database;
 use tokio::time::Instant;
 
 use super::{Inner, RouterError, Snapshot};
@@ -18,6 +17,7 @@ use crate::protocol::{
 };
 use crate::routing::{KeyValue, Located, Location, RoutingVersion};
 use crate::shards::command::{self, CommandError, Modify, Written};
+use crate::shards::At;
 
 /// The keys of the document an operation addresses, as given and as routing keys, and the
 /// operation's terms.
@@ -164,11 +164,11 @@ fn version(snapshot: &Snapshot, side: Side) -> &RoutingVersion {
     }
 }
 
-/// The database holding `location`.
-fn database(inner: &Inner, location: &Location) -> Result<Database, RouterError> {
+/// The collection at `location`, for the step commands.
+fn at(inner: &Inner, location: &Location) -> Result<At, RouterError> {
     inner
         .shards
-        .database(&location.shard)
+        .at(location)
         .map_err(|e| RouterError::UnknownShard(e.0))
 }
 
@@ -225,8 +225,7 @@ async fn execute(
             }
         }
     };
-    let db = &database(inner, location)?;
-    let coll = location.collection.as_str();
+    let at = &at(inner, location)?;
     let materialise = |payload: Payload<Document>, rev: i64| {
         let mut doc = materialise(snapshot, v, &located, keys, payload, rev);
         if let Some(m) = rolled_back_source(snapshot, side) {
@@ -237,7 +236,7 @@ async fn execute(
         doc
     };
     let delete = |filter: Document| async move {
-        command::delete_one(db, coll, filter, wc, deadline)
+        command::delete_one(at, filter, wc, deadline)
             .await
             .map(|w| Answer::Matched(w.matched()))
             .map_err(command_error)
@@ -250,7 +249,7 @@ async fn execute(
             let kind = PayloadKind::of(&payload);
             let doc = materialise(payload, rev);
             let after = (kind == PayloadKind::App).then(|| doc.clone());
-            match command::insert_one(db, coll, doc, wc, deadline)
+            match command::insert_one(at, doc, wc, deadline)
                 .await
                 .map_err(command_error)?
             {
@@ -281,7 +280,7 @@ async fn execute(
         }
         Step::ReplaceLive(_, payload) => {
             let kind = PayloadKind::of(&payload);
-            let replaced = replace_next_revision(db, coll, &live, wc, deadline, |rev| {
+            let replaced = replace_next_revision(at, &live, wc, deadline, |rev| {
                 materialise(payload.clone(), rev)
             })
             .await?;
@@ -293,7 +292,7 @@ async fn execute(
         }
         Step::ReplaceTombstone(_, payload) => {
             let kind = PayloadKind::of(&payload);
-            let replaced = replace_next_revision(db, coll, &tombstone, wc, deadline, |rev| {
+            let replaced = replace_next_revision(at, &tombstone, wc, deadline, |rev| {
                 materialise(payload.clone(), rev)
             })
             .await?;
@@ -305,17 +304,9 @@ async fn execute(
         }
         Step::ReplaceCopy(_, payload) => {
             let filter = crate::envelope::pristine_copy_of(keys.id);
-            let w = command::update_one(
-                db,
-                coll,
-                filter,
-                materialise(payload, 0),
-                false,
-                wc,
-                deadline,
-            )
-            .await
-            .map_err(command_error)?;
+            let w = command::update_one(at, filter, materialise(payload, 0), false, wc, deadline)
+                .await
+                .map_err(command_error)?;
             Answer::Matched(w.matched())
         }
         Step::UpdateLive(_, update) => {
@@ -326,7 +317,7 @@ async fn execute(
                 }
             }
             if keys.terms.image == Image::None {
-                let w = command::update_one(db, coll, live, update, false, wc, deadline)
+                let w = command::update_one(at, live, update, false, wc, deadline)
                     .await
                     .map_err(command_error)?;
                 return Ok(Answer::Matched(w.matched()));
@@ -334,8 +325,7 @@ async fn execute(
             // The image and the write in one server operation: no writer gets in between.
             let after = keys.terms.image == Image::After;
             let image = command::find_and_modify(
-                db,
-                coll,
+                at,
                 live,
                 Modify::Update(update.into()),
                 after,
@@ -354,10 +344,9 @@ async fn execute(
         }
         Step::Delete(_) => delete(by_id).await?,
         Step::DeleteLive(_) if keys.terms.image == Image::Before => {
-            let image =
-                command::find_and_modify(db, coll, live, Modify::Remove, false, wc, deadline)
-                    .await
-                    .map_err(command_error)?;
+            let image = command::find_and_modify(at, live, Modify::Remove, false, wc, deadline)
+                .await
+                .map_err(command_error)?;
             let matched = image.is_some();
             images.wrote(image, None);
             Answer::Matched(matched)
@@ -387,9 +376,9 @@ async fn probe(
     condition: Option<&Document>,
     deadline: Instant,
 ) -> Result<Option<(Document, bool)>, StepError> {
-    let db = database(inner, location)?;
+    let at = at(inner, location)?;
     match condition {
-        None => command::find_one(&db, &location.collection, by_id.clone(), deadline)
+        None => command::find_one(&at, by_id.clone(), deadline)
             .await
             .map(|found| found.map(|d| (d, true))),
         Some(c) => {
@@ -397,19 +386,10 @@ async fn probe(
             // a driver names a document by, say) is judged on the one document a find read,
             // as atomic as the server's judgement and much cheaper than an aggregation; any
             // other verdict is the server's.
-            match command::find_one(&db, &location.collection, by_id.clone(), deadline).await {
+            match command::find_one(&at, by_id.clone(), deadline).await {
                 Ok(Some(d)) if crate::mql::filter::surely_matches(&d, c) => Ok(Some((d, true))),
                 Ok(None) => Ok(None),
-                Ok(Some(_)) => {
-                    command::find_one_matching(
-                        &db,
-                        &location.collection,
-                        by_id.clone(),
-                        c,
-                        deadline,
-                    )
-                    .await
-                }
+                Ok(Some(_)) => command::find_one_matching(&at, by_id.clone(), c, deadline).await,
                 Err(e) => Err(e),
             }
         }
@@ -521,17 +501,9 @@ async fn mirror_to_source(
         source.sub_bucket,
     );
     // The duplicate key of a refused upsert means the source is already newer.
-    let w = command::update_one(
-        &database(inner, back)?,
-        &back.collection,
-        filter,
-        image,
-        true,
-        wc,
-        deadline,
-    )
-    .await
-    .map_err(command_error)?;
+    let w = command::update_one(&at(inner, back)?, filter, image, true, wc, deadline)
+        .await
+        .map_err(command_error)?;
     Ok(Answer::Matched(w.matched()))
 }
 
@@ -540,15 +512,14 @@ async fn mirror_to_source(
 /// replace match nothing, and it is tried again on the new revision. Returns the document it
 /// replaced and the one it wrote, or `None` when no document matches `filter` any more.
 async fn replace_next_revision(
-    db: &Database,
-    coll: &str,
+    at: &At,
     filter: &Document,
     wc: &mongodb::options::WriteConcern,
     deadline: Instant,
     make: impl Fn(i64) -> Document,
 ) -> Result<Option<(Document, Document)>, StepError> {
     loop {
-        let current = command::find_one(db, coll, filter.clone(), deadline)
+        let current = command::find_one(at, filter.clone(), deadline)
             .await
             .map_err(command_error)?;
         let Some(current) = current else {
@@ -562,7 +533,7 @@ async fn replace_next_revision(
             cas.insert(format!("{META}.rev"), rev);
         }
         let next = make(rev + 1);
-        let w = command::update_one(db, coll, cas, next.clone(), false, wc, deadline)
+        let w = command::update_one(at, cas, next.clone(), false, wc, deadline)
             .await
             .map_err(command_error)?;
         if w.matched() {
@@ -631,7 +602,7 @@ fn step_side<D, U>(step: &Step<D, U>) -> Side {
 
 /// A duplicate key on `_id`.
 pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
-    crate::copy::classify::is_duplicate_key(e)
+    crate::shards::classify::is_duplicate_key(e)
 }
 
 fn materialise(

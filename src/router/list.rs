@@ -3,12 +3,11 @@
 //! tombstones hiding both.
 
 use std::cmp::Ordering;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::num::NonZeroU32;
 
 use futures::{StreamExt, TryStreamExt};
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::Cursor;
 
 use super::{Inner, RouterError, Snapshot};
 use crate::envelope::is_tombstone;
@@ -16,6 +15,7 @@ use crate::ids;
 use crate::phase::ReadPath;
 use crate::protocol::Side;
 use crate::routing::{vbucket, KeyValue, Layout, Location, RoutingVersion};
+use crate::shards::read::{QueryOptions, Scan};
 
 /// One page of a tenant listing.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,13 +51,23 @@ pub(super) fn tenant_locations(version: &RoutingVersion, tenant: &KeyValue) -> V
 struct Stream {
     side: Side,
     location: Location,
-    cursor: Cursor<Document>,
+    scan: Scan,
+    /// What the scan read and the merge has not reached yet.
+    buffer: VecDeque<Document>,
     head: Option<Document>,
 }
 
 impl Stream {
     async fn advance(&mut self) -> Result<(), RouterError> {
-        self.head = self.cursor.try_next().await?;
+        if self.buffer.is_empty() {
+            self.buffer.extend(
+                self.scan
+                    .next_batch()
+                    .await
+                    .map_err(super::query::read_error)?,
+            );
+        }
+        self.head = self.buffer.pop_front();
         Ok(())
     }
 
@@ -100,23 +110,24 @@ pub async fn list_tenant(
         .map(|(side, location)| {
             let filter = filter.clone();
             async move {
-                let coll = inner
-                    .shards
-                    .collection(&location)
-                    .map_err(|e| RouterError::UnknownShard(e.0))?;
-                let location_kept = location.clone();
                 // The server gives up by the lease's deadline too.
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                let cursor = coll
-                    .find(filter)
-                    .sort(doc! { "_id": 1 })
-                    .batch_size(batch)
-                    .max_time(left.max(std::time::Duration::from_millis(1)))
-                    .await?;
+                let options = QueryOptions {
+                    sort: Some(doc! { "_id": 1 }),
+                    batch_size: batch,
+                    max_time: Some(left.max(std::time::Duration::from_millis(1))),
+                    ..QueryOptions::default()
+                };
+                let scan = inner
+                    .shards
+                    .query(&location, filter, options)
+                    .await
+                    .map_err(super::query::read_error)?;
                 let mut s = Stream {
                     side,
-                    location: location_kept,
-                    cursor,
+                    location,
+                    scan,
+                    buffer: VecDeque::new(),
                     head: None,
                 };
                 s.advance().await?;

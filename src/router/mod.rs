@@ -114,7 +114,7 @@ pub enum RouterError {
     #[error("the router's lease ran out before the operation finished: its write may or may not have been applied (nothing of it can land later); read the document back, or retry an idempotent write")]
     OutcomeUnknown,
     #[error("the shard refused the write: {}", .0.describe())]
-    Write(Box<crate::copy::classify::WriteFailure>),
+    Write(Box<crate::shards::classify::WriteFailure>),
     #[error("writes are held by the write switch and did not resume within {0:?}; retry")]
     WriteHeld(Duration),
     #[error("reads of many documents wait while a rollback switches reads back to the source, and the switch did not end within {0:?}; retry")]

@@ -103,9 +103,10 @@ impl Stream {
     }
 }
 
-fn read_error(e: crate::shards::read::ReadError) -> RouterError {
+pub(super) fn read_error(e: crate::shards::read::ReadError) -> RouterError {
     match e {
-        crate::shards::read::ReadError::Mongo { source, .. } => RouterError::Mongo(source),
+        crate::shards::read::ReadError::Mongo { source, .. }
+        | crate::shards::read::ReadError::Write { source, .. } => RouterError::Mongo(source),
         crate::shards::read::ReadError::UnknownShard(u) => RouterError::UnknownShard(u.0),
     }
 }

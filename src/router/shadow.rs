@@ -246,18 +246,13 @@ async fn find(
 ) -> Result<Option<(Document, Location)>, String> {
     let located = version.locate(tenant, id_key).map_err(|e| e.to_string())?;
     for location in located.locations {
-        let db = inner
+        let at = inner
             .shards
-            .database(&location.shard)
+            .at(&location)
             .map_err(|e| format!("unknown shard {}", e.0))?;
-        let found = command::find_one(
-            &db,
-            &location.collection,
-            mongodb::bson::doc! { "_id": id.clone() },
-            deadline,
-        )
-        .await
-        .map_err(|e| format!("{location}: {e}"))?;
+        let found = command::find_one(&at, mongodb::bson::doc! { "_id": id.clone() }, deadline)
+            .await
+            .map_err(|e| format!("{location}: {e}"))?;
         if let Some(doc) = found {
             return Ok(Some((doc, location)));
         }

@@ -22,12 +22,12 @@
 //!   first send never arrived is that write arriving late, which the protocol allows for
 //!   (ARCHITECTURE.md, "A step is sent again only when that is harmless").
 
+use super::At;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::WriteConcern;
-use mongodb::Database;
 use tokio::time::Instant;
 
-use crate::copy::classify::{
+use crate::shards::classify::{
     classify, delivery, failures_from_reply, may_send_again, FailureClass, FailureOrigin,
     WriteFailure,
 };
@@ -72,15 +72,15 @@ enum Effect {
     Writes,
 }
 
-/// Runs `command` against `db`, ending by `deadline`; once more when its connection failed and
+/// Runs `command` against `at`'s database, ending by `deadline`; once more when its connection failed and
 /// sending it again is harmless, if the deadline has not passed by then.
 async fn run(
-    db: &Database,
+    at: &At,
     command: Document,
     deadline: Instant,
     effect: Effect,
 ) -> Result<Document, CommandError> {
-    let failed = match send(db, command.clone(), deadline).await {
+    let failed = match send(at, command.clone(), deadline).await {
         Err(CommandError::Mongo(e)) => e,
         answered => return answered,
     };
@@ -97,42 +97,37 @@ async fn run(
         delivery = ?reached,
         "the connection failed before the command could have been applied; sending it again"
     );
-    match send(db, command, deadline).await {
+    match send(at, command, deadline).await {
         // The deadline passed before the second send: the first failure is the answer.
         Err(CommandError::NotSent) => Err(CommandError::Mongo(failed)),
         again => again,
     }
 }
 
-/// Sends `command` to `db` once, ending by `deadline`.
-async fn send(
-    db: &Database,
-    mut command: Document,
-    deadline: Instant,
-) -> Result<Document, CommandError> {
+/// Sends `command` to `at`'s database once, ending by `deadline`.
+async fn send(at: &At, mut command: Document, deadline: Instant) -> Result<Document, CommandError> {
     let now = Instant::now();
     if now >= deadline {
         return Err(CommandError::NotSent);
     }
     let left = deadline - now;
     command.insert("maxTimeMS", left.as_millis().max(1) as i64);
-    match tokio::time::timeout_at(deadline, db.run_command(command)).await {
+    match tokio::time::timeout_at(deadline, at.database.run_command(command)).await {
         Err(_) => Err(CommandError::NoAnswer),
         Ok(Err(e)) => Err(CommandError::Mongo(e)),
         Ok(Ok(reply)) => Ok(reply),
     }
 }
 
-/// The first document of `collection` matching `filter`.
+/// The first document of `at` matching `filter`.
 pub async fn find_one(
-    db: &Database,
-    collection: &str,
+    at: &At,
     filter: Document,
     deadline: Instant,
 ) -> Result<Option<Document>, CommandError> {
     let reply = run(
-        db,
-        doc! { "find": collection, "filter": filter, "limit": 1, "singleBatch": true },
+        at,
+        doc! { "find": &at.location.collection, "filter": filter, "limit": 1, "singleBatch": true },
         deadline,
         Effect::Reads,
     )
@@ -149,24 +144,22 @@ pub async fn find_one(
 }
 
 pub async fn insert_one(
-    db: &Database,
-    collection: &str,
+    at: &At,
     document: Document,
     write_concern: &WriteConcern,
     deadline: Instant,
 ) -> Result<Written, CommandError> {
     let command = with_concern(
-        doc! { "insert": collection, "documents": [document], "ordered": true },
+        doc! { "insert": &at.location.collection, "documents": [document], "ordered": true },
         write_concern,
     );
-    written(run(db, command, deadline, Effect::Writes).await?)
+    written(run(at, command, deadline, Effect::Writes).await?)
 }
 
 /// Replaces (a document `update`) or modifies (operators or a pipeline) the first document
 /// matching `filter`.
 pub async fn update_one(
-    db: &Database,
-    collection: &str,
+    at: &At,
     filter: Document,
     update: impl Into<Bson>,
     upsert: bool,
@@ -175,33 +168,31 @@ pub async fn update_one(
 ) -> Result<Written, CommandError> {
     let statement = doc! { "q": filter, "u": update.into(), "upsert": upsert, "multi": false };
     let command = with_concern(
-        doc! { "update": collection, "updates": [statement], "ordered": true },
+        doc! { "update": &at.location.collection, "updates": [statement], "ordered": true },
         write_concern,
     );
-    written(run(db, command, deadline, Effect::Writes).await?)
+    written(run(at, command, deadline, Effect::Writes).await?)
 }
 
 pub async fn delete_one(
-    db: &Database,
-    collection: &str,
+    at: &At,
     filter: Document,
     write_concern: &WriteConcern,
     deadline: Instant,
 ) -> Result<Written, CommandError> {
     let command = with_concern(
-        doc! { "delete": collection, "deletes": [{ "q": filter, "limit": 1 }], "ordered": true },
+        doc! { "delete": &at.location.collection, "deletes": [{ "q": filter, "limit": 1 }], "ordered": true },
         write_concern,
     );
-    written(run(db, command, deadline, Effect::Writes).await?)
+    written(run(at, command, deadline, Effect::Writes).await?)
 }
 
-/// The first document of `collection` matching `by_id`, and whether it also matches
+/// The first document of `at` matching `by_id`, and whether it also matches
 /// `condition`, read in one atomic step: an aggregation whose `$facet` judges the one document
 /// it read, so no write can get between the document and the verdict (two finds, by id and
 /// then with the condition, would judge two different versions of it).
 pub async fn find_one_matching(
-    db: &Database,
-    collection: &str,
+    at: &At,
     by_id: Document,
     condition: &Document,
     deadline: Instant,
@@ -215,8 +206,8 @@ pub async fn find_one_matching(
         } },
     ];
     let reply = run(
-        db,
-        doc! { "aggregate": collection, "pipeline": pipeline, "cursor": {} },
+        at,
+        doc! { "aggregate": &at.location.collection, "pipeline": pipeline, "cursor": {} },
         deadline,
         Effect::Reads,
     )
@@ -258,15 +249,14 @@ pub enum Modify {
 /// document it changed (`findAndModify`): the image and the write are one server operation,
 /// so no other writer gets in between.
 pub async fn find_and_modify(
-    db: &Database,
-    collection: &str,
+    at: &At,
     filter: Document,
     modify: Modify,
     after: bool,
     write_concern: &WriteConcern,
     deadline: Instant,
 ) -> Result<Option<Document>, CommandError> {
-    let mut command = doc! { "findAndModify": collection, "query": filter };
+    let mut command = doc! { "findAndModify": &at.location.collection, "query": filter };
     match modify {
         Modify::Update(update) => {
             command.insert("update", update);
@@ -277,7 +267,7 @@ pub async fn find_and_modify(
         }
     }
     let reply = run(
-        db,
+        at,
         with_concern(command, write_concern),
         deadline,
         Effect::Writes,

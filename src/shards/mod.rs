@@ -3,14 +3,26 @@
 //! [`Shards`] maps each registered shard's name to its database handle and resolves a
 //! [`Location`] to its collection. The router's single-document steps go through
 //! [`command`] (every command carries a deadline), scans and lookups by id through [`read`],
-//! a collection's listing, creation and indexes through [`collections`], and the workers'
-//! bulk writes through [`crate::copy::BulkWriter`] over the same handles.
+//! a collection's listing, creation and indexes through [`collections`], change streams
+//! through [`watch`], purges, repairs and drops through [`write`], and the workers'
+//! bulk writes through [`writer`]'s [`BulkWriter`] over the same handles, and what a failed
+//! write means through [`classify`].
 
+pub mod classify;
 pub mod collections;
 pub mod command;
 pub mod passthrough;
 mod reachability;
 pub mod read;
+pub mod watch;
+pub mod write;
+pub mod writer;
+
+pub use classify::{classify, FailureClass, FailureOrigin, WriteFailure};
+pub use writer::{
+    BatchCounts, BatchReport, BulkWriter, Deadline, Modification, OverloadSink, RetryPolicy,
+    ShardReport, Statement, StatementResult, WriteOp, WriterError, WriterOptions,
+};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -93,7 +105,8 @@ impl Shards {
         Ok(connected)
     }
 
-    pub fn database(&self, shard: &str) -> Result<Database, UnknownShard> {
+    /// The database handle of `shard`: for this module's operations only.
+    fn database(&self, shard: &str) -> Result<Database, UnknownShard> {
         self.databases
             .read()
             .expect("the shard map lock is never poisoned")
@@ -102,7 +115,8 @@ impl Shards {
             .ok_or_else(|| UnknownShard(shard.to_owned()))
     }
 
-    pub fn collection(&self, location: &Location) -> Result<Collection<Document>, UnknownShard> {
+    /// The collection handle of `location`: for this module's operations only.
+    fn collection(&self, location: &Location) -> Result<Collection<Document>, UnknownShard> {
         Ok(self
             .database(&location.shard)?
             .collection::<Document>(&location.collection))
@@ -115,14 +129,37 @@ impl Shards {
             .contains_key(shard)
     }
 
+    /// The collection at `location`, as the single-document step commands run on it
+    /// ([`command`]).
+    pub fn at(&self, location: &Location) -> Result<At, UnknownShard> {
+        Ok(At {
+            database: self.database(&location.shard)?,
+            location: location.clone(),
+        })
+    }
+
     /// Every shard name and its database handle, by name, as connected now.
-    pub fn entries(&self) -> Vec<(String, Database)> {
+    fn entries(&self) -> Vec<(String, Database)> {
         self.databases
             .read()
             .expect("the shard map lock is never poisoned")
             .iter()
             .map(|(n, d)| (n.clone(), d.clone()))
             .collect()
+    }
+}
+
+/// A location's collection as this process reaches it, for the step commands ([`command`]).
+/// Opaque: what can be done with it is what this module offers.
+#[derive(Clone, Debug)]
+pub struct At {
+    database: Database,
+    location: Location,
+}
+
+impl At {
+    pub fn location(&self) -> &Location {
+        &self.location
     }
 }
 
@@ -260,7 +297,7 @@ async fn connect(uri: &str, bulk_writer: bool) -> Result<Client, ShardConnectErr
     };
     let mut options = ClientOptions::parse(&resolved.uri).await.map_err(bad)?;
     if bulk_writer {
-        crate::copy::writer::disable_driver_write_retries(&mut options);
+        crate::shards::writer::disable_driver_write_retries(&mut options);
     }
     options.app_name.get_or_insert_with(|| "reshard".to_owned());
     // Each server's failed heartbeats are kept, typed, to say why a selection timed out.

@@ -20,6 +20,12 @@ pub enum ReadError {
         #[source]
         source: mongodb::error::Error,
     },
+    #[error("writing {location} failed: {}", super::describe(source))]
+    Write {
+        location: Location,
+        #[source]
+        source: mongodb::error::Error,
+    },
     #[error(transparent)]
     UnknownShard(#[from] UnknownShard),
 }
@@ -27,6 +33,14 @@ pub enum ReadError {
 impl ReadError {
     pub fn at(location: &Location) -> impl Fn(mongodb::error::Error) -> ReadError + '_ {
         move |source| ReadError::Mongo {
+            location: location.clone(),
+            source,
+        }
+    }
+
+    /// A write at `location` failed ([`super::write`]).
+    pub fn writing(location: &Location) -> impl Fn(mongodb::error::Error) -> ReadError + '_ {
+        move |source| ReadError::Write {
             location: location.clone(),
             source,
         }
@@ -74,6 +88,52 @@ impl Shards {
             .find_one(doc! { "_id": id.clone() })
             .await
             .map_err(ReadError::at(location))
+    }
+
+    /// The number of documents at `location` matching `filter` (`countDocuments`: an index
+    /// count where an index serves the filter).
+    pub async fn count(&self, location: &Location, filter: Document) -> Result<u64, ReadError> {
+        self.collection(location)?
+            .count_documents(filter)
+            .await
+            .map_err(ReadError::at(location))
+    }
+
+    /// The number of documents at `location` by the collection's metadata (no scan).
+    pub async fn estimated_count(&self, location: &Location) -> Result<u64, ReadError> {
+        self.collection(location)?
+            .estimated_document_count()
+            .await
+            .map_err(ReadError::at(location))
+    }
+
+    /// The documents `pipeline` yields at `location`, all of them (samples, small
+    /// projections: not for results of unbounded size).
+    pub async fn aggregate(
+        &self,
+        location: &Location,
+        pipeline: Vec<Document>,
+    ) -> Result<Vec<Document>, ReadError> {
+        self.collection(location)?
+            .aggregate(pipeline)
+            .await
+            .map_err(ReadError::at(location))?
+            .try_collect()
+            .await
+            .map_err(ReadError::at(location))
+    }
+
+    /// The server's `operationTime` now, by a `ping` to the shard of `location`; `None` when
+    /// the shard is unknown, does not answer, or does not tell it (a server outside a replica
+    /// set).
+    pub async fn operation_time(&self, location: &Location) -> Option<mongodb::bson::Timestamp> {
+        let reply = self
+            .database(&location.shard)
+            .ok()?
+            .run_command(doc! { "ping": 1 })
+            .await
+            .ok()?;
+        reply.get_timestamp("operationTime").ok()
     }
 
     /// Opens a scan of `filter` at `location` in `_id` order, read through one cursor in

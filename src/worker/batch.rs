@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, HashMap};
 use mongodb::bson::{doc, Bson, Document};
 
 use crate::copy::steps;
-use crate::copy::Statement;
 use crate::disposition::{self, Disposition};
 use crate::envelope;
 use crate::ids;
 use crate::protocol::{self, BackfillAction, CleanupAction, RevertAction, Side, Step};
 use crate::routing::{Location, RoutingVersion};
+use crate::shards::Statement;
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::partitions::Checkpoint;
 
@@ -416,7 +416,7 @@ mod tests {
         let b = prepare_batch(&from, &to, &here, 7, vec![d.clone()]);
         assert_eq!(b.statements.len(), 1);
         assert_eq!(b.checkpoint.scanned, 1);
-        let crate::copy::WriteOp::Insert(copy) = &b.statements[0].op else {
+        let crate::shards::WriteOp::Insert(copy) = &b.statements[0].op else {
             panic!("{:?}", b.statements[0].op)
         };
         assert_eq!(copy.get_str("_id").unwrap(), d.get_str("_id").unwrap());
@@ -436,7 +436,7 @@ mod tests {
         assert_eq!(b.statements.len(), 1);
         assert!(matches!(
             b.statements[0].op,
-            crate::copy::WriteOp::Update { upsert: false, .. }
+            crate::shards::WriteOp::Update { upsert: false, .. }
         ));
         assert_eq!(b.targets[0], here);
         let sub = to
@@ -545,10 +545,10 @@ mod tests {
                 .iter()
                 .map(|st| {
                     let bytes = match &st.op {
-                        crate::copy::WriteOp::Insert(d) => {
+                        crate::shards::WriteOp::Insert(d) => {
                             RawDocumentBuf::from_document(d).unwrap().into_bytes()
                         }
-                        crate::copy::WriteOp::InsertRaw(r) => r.as_bytes().to_vec(),
+                        crate::shards::WriteOp::InsertRaw(r) => r.as_bytes().to_vec(),
                         other => format!("{other:?}").into_bytes(),
                     };
                     (st.location.clone(), st.id.clone(), bytes)
@@ -559,7 +559,7 @@ mod tests {
         assert!(unparsed
             .statements
             .iter()
-            .any(|st| matches!(st.op, crate::copy::WriteOp::InsertRaw(_))));
+            .any(|st| matches!(st.op, crate::shards::WriteOp::InsertRaw(_))));
         assert_eq!(parsed.kinds, unparsed.kinds);
         assert_eq!(parsed.targets, unparsed.targets);
         assert_eq!(parsed.checkpoint, unparsed.checkpoint);

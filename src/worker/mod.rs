@@ -41,10 +41,10 @@ use serde_json::json;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::copy::{BulkWriter, RetryPolicy, WriterOptions};
 use crate::routing::{Location, RoutingVersion};
 use crate::settings::MigrationSettings;
 use crate::shards::Shards;
+use crate::shards::{BulkWriter, RetryPolicy, WriterOptions};
 use crate::store::migrations::Migration;
 use crate::store::partitions::Task;
 use crate::store::{Store, StoreError};
@@ -630,6 +630,6 @@ impl Worker {
                 counters.rate_cuts.fetch_add(1, Ordering::Relaxed);
             }
         };
-        BulkWriter::new(self.shards.entries(), options).with_overload_sink(Arc::new(sink))
+        BulkWriter::over(&self.shards, options).with_overload_sink(Arc::new(sink))
     }
 }

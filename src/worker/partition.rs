@@ -12,12 +12,12 @@ use serde_json::json;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::copy::{Deadline, FailureClass, StatementResult};
 use crate::envelope;
 use crate::ids;
 use crate::protocol;
 use crate::routing::Location;
 use crate::shards::read::Merge;
+use crate::shards::{Deadline, FailureClass, StatementResult};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::events::{EventKind, NewEvent};
 use crate::store::partitions::{Checkpoint, Claim, Partition, Task};
@@ -193,7 +193,7 @@ impl Worker {
                 PartitionEnd::Retry(why) => {
                     self.store.note_partition_failure(p.id, &why).await?;
                     failures += 1;
-                    let wait = crate::copy::writer::backoff_ceiling(
+                    let wait = crate::shards::writer::backoff_ceiling(
                         failures,
                         Duration::from_millis(500),
                         Duration::from_secs(30),
@@ -691,7 +691,7 @@ impl Worker {
     pub(super) fn settle(
         &self,
         shared: &Shared,
-        report: crate::copy::BatchReport,
+        report: crate::shards::BatchReport,
         latency: Duration,
         batch: Unsettled,
         location: &Location,

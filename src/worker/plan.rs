@@ -8,7 +8,6 @@
 //! ([`ids::IdRange`]), as many as its size and the workers ask for ([`partition_count`]): a
 //! small collection is one range, read through one cursor, and costs the planner one count.
 
-use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use serde_json::json;
 
@@ -18,6 +17,7 @@ use crate::routing::{KeyValue, Location, MoveScope, RoutingVersion};
 pub use crate::scope::tenant_filter;
 use crate::scope::{location_scope, scope_filter};
 use crate::settings::MigrationSettings;
+use crate::shards::read::{QueryOptions, ReadError};
 use crate::shards::Shards;
 use crate::store::partitions::{NewPartition, Partition, Task};
 
@@ -66,6 +66,17 @@ pub enum PlanError {
         #[source]
         source: mongodb::error::Error,
     },
+}
+
+impl From<ReadError> for PlanError {
+    fn from(e: ReadError) -> PlanError {
+        match e {
+            ReadError::Mongo { location, source } | ReadError::Write { location, source } => {
+                PlanError::Read { location, source }
+            }
+            ReadError::UnknownShard(u) => PlanError::UnknownShard(u.0),
+        }
+    }
 }
 
 /// The fewest documents the planner gives a partition for the sake of spreading a location
@@ -249,13 +260,6 @@ pub async fn plan(
             });
             continue;
         };
-        let coll = shards
-            .collection(&location)
-            .map_err(|e| PlanError::UnknownShard(e.0))?;
-        let read = |source| PlanError::Read {
-            location: location.clone(),
-            source,
-        };
         let tenant_json = match scope {
             MoveScope::Tenants(tenants) => Some(json!(tenants)),
             _ => None,
@@ -279,22 +283,21 @@ pub async fn plan(
             });
             continue;
         }
-        let estimated = coll.estimated_document_count().await.map_err(read)?;
+        let estimated = shards.estimated_count(&location).await?;
         let (documents, partitions) = if parts_of(estimated) == 1 && filter.is_empty() {
             (estimated, vec![whole(&location, None, estimated)])
         } else if filter.is_empty() {
             let parts = parts_of(estimated);
             let size = (parts * SAMPLE_PER_PARTITION).min(MAX_SAMPLE) as i64;
-            let sample: Vec<Bson> = coll
-                .aggregate([
-                    doc! { "$sample": { "size": size } },
-                    doc! { "$project": { "_id": 1 } },
-                ])
-                .await
-                .map_err(read)?
-                .try_collect::<Vec<Document>>()
-                .await
-                .map_err(read)?
+            let sample: Vec<Bson> = shards
+                .aggregate(
+                    &location,
+                    vec![
+                        doc! { "$sample": { "size": size } },
+                        doc! { "$project": { "_id": 1 } },
+                    ],
+                )
+                .await?
                 .into_iter()
                 .filter_map(|d| d.get("_id").cloned())
                 .collect();
@@ -303,24 +306,27 @@ pub async fn plan(
         } else if parts_of(estimated) == 1 {
             // The scope is no larger than the collection: one partition, sized by a count of
             // the scope (an index count on MongoDB).
-            let documents = coll.count_documents(filter.clone()).await.map_err(read)?;
+            let documents = shards.count(&location, filter.clone()).await?;
             (
                 documents,
                 vec![whole(&location, tenant_json.as_ref(), documents)],
             )
         } else {
             let mut pass = IdPass::new(MAX_SAMPLE);
-            let options = mongodb::options::FindOptions::builder()
-                .projection(doc! { "_id": 1 })
-                .batch_size(10_000)
-                .build();
-            let mut cursor = coll
-                .find(filter.clone())
-                .with_options(options)
-                .await
-                .map_err(read)?;
-            while let Some(d) = cursor.try_next().await.map_err(read)? {
-                pass.observe(d.get("_id").unwrap_or(&Bson::Null));
+            let options = QueryOptions {
+                projection: Some(doc! { "_id": 1 }),
+                batch_size: 10_000,
+                ..QueryOptions::default()
+            };
+            let mut ids = shards.query(&location, filter.clone(), options).await?;
+            loop {
+                let batch = ids.next_batch().await?;
+                if batch.is_empty() {
+                    break;
+                }
+                for d in &batch {
+                    pass.observe(d.get("_id").unwrap_or(&Bson::Null));
+                }
             }
             let documents = pass.count();
             let partitions = partitions_of(
@@ -369,22 +375,15 @@ pub async fn size_of(
     p: &Partition,
 ) -> Result<u64, PlanError> {
     let location = p.location();
-    let coll = shards
-        .collection(&location)
-        .map_err(|e| PlanError::UnknownShard(e.0))?;
-    let read = |source| PlanError::Read {
-        location: location.clone(),
-        source,
-    };
     match &p.tenant_filter {
         Some(_) if p.task != Task::Revert => {
             let filter = partition_filter(from, p, false).map_err(|e| PlanError::Read {
                 location: location.clone(),
                 source: mongodb::error::Error::custom(e),
             })?;
-            coll.count_documents(filter).await.map_err(read)
+            Ok(shards.count(&location, filter).await?)
         }
-        _ => coll.estimated_document_count().await.map_err(read),
+        _ => Ok(shards.estimated_count(&location).await?),
     }
 }
 

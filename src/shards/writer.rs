@@ -492,7 +492,13 @@ struct GroupOutcome {
 }
 
 impl BulkWriter {
-    /// A writer over `shards` (shard name -> the database the shard's collections are in).
+    /// A writer over the shards `shards` is connected to now.
+    pub fn over(shards: &super::Shards, options: WriterOptions) -> Self {
+        BulkWriter::new(shards.entries(), options)
+    }
+
+    /// A writer over `shards` (shard name -> the database the shard's collections are in):
+    /// handles the caller opened itself (a test's, a benchmark's).
     pub fn new(
         shards: impl IntoIterator<Item = (String, Database)>,
         options: WriterOptions,
