@@ -19,15 +19,23 @@ use std::collections::{BTreeMap, BTreeSet};
 use mongodb::bson::doc;
 use serde_json::json;
 
+use crate::copy::steps;
 use crate::disposition::{self, Disposition};
-use crate::envelope::{self, tombstones, META};
-use crate::protocol::Side;
+use crate::envelope::{self, META};
+use crate::protocol::{self, Side};
 use crate::routing::{Location, RoutingVersion};
 use crate::shards::read::{QueryOptions, ReadError};
 use crate::shards::Shards;
 
 /// A read or a write of the last steps failed, and where.
 pub type FinishError = ReadError;
+
+/// What the purge of `side`'s tombstones deletes at each location: the protocol's purge step
+/// ([`protocol::purge_tombstone_step`]) applied to every tombstone there at once.
+fn purge(side: Side) -> mongodb::bson::Document {
+    steps::purge_filter(&protocol::purge_tombstone_step::<(), ()>(side))
+        .expect("the purge step is a purge")
+}
 
 /// After `completed`: purges target tombstones; drops emptied source collections when
 /// `drop_empty_source`. Returns what it did.
@@ -39,8 +47,9 @@ pub async fn purge_completed(
 ) -> Result<serde_json::Value, FinishError> {
     let targets: BTreeSet<Location> = to.locations().into_iter().collect();
     let mut purged = BTreeMap::new();
+    let purge = purge(Side::Target);
     for t in &targets {
-        purged.insert(t.to_string(), shards.delete_many(t, tombstones()).await?);
+        purged.insert(t.to_string(), shards.delete_many(t, purge.clone()).await?);
     }
     let mut dropped = Vec::new();
     let mut kept = BTreeMap::new();
@@ -122,8 +131,9 @@ pub async fn purge_source_tombstones(
 ) -> Result<serde_json::Value, FinishError> {
     let sources: BTreeSet<Location> = from.locations().into_iter().collect();
     let mut purged = BTreeMap::new();
+    let purge = purge(Side::Source);
     for s in &sources {
-        purged.insert(s.to_string(), shards.delete_many(s, tombstones()).await?);
+        purged.insert(s.to_string(), shards.delete_many(s, purge.clone()).await?);
     }
     Ok(json!({ "source_tombstones_purged": purged }))
 }

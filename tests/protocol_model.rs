@@ -9,8 +9,9 @@
 //!
 //! The actors run the product's own decisions from `reshard::protocol` (the operation machines;
 //! the workers' `backfill_action`, `cleanup_action`, `cleanup_decision` and `revert_action`, and
-//! their checkpoints' `BatchWindow`; the repair's `repair_copy_step` and `repair_replace_step`;
-//! `purge_tombstone_step`; the mirrors' `mirror_writes` and `mirror_location`; where a step on
+//! their checkpoints' `BatchWindow`; the repair's `repair_action`, `repair_copy_step`,
+//! `repair_next` and `repair_replace_step`; the copier's `copy_result`; `purge_tombstone_step`
+//! (which the product turns into its purge's filter, `copy::steps::purge_filter`); the mirrors' `mirror_writes` and `mirror_location`; where a step on
 //! a fanout source goes, `listed_location`; a many-document read's plan and per-id answer,
 //! `query_plan` and `query_answer`) against an in-memory store of two layouts whose
 //! single-document steps are atomic, as MongoDB makes them. The model only executes steps and
@@ -295,10 +296,10 @@ use reshard::phase::{Gate, Phase, WritePath};
 use reshard::protocol::{
     backfill_action, cleanup_action, cleanup_decision, cleanup_delete_step, cleanup_lookup_step,
     copy_result, listed_location, mirror_is_newer, mirror_location, mirror_writes,
-    purge_tombstone_step, query_answer, query_plan, repair_copy_step, repair_replace_step,
-    revert_action, Answer, BackfillAction, BatchWindow, CleanupAction, CleanupDecision, Found,
-    Interrupted, Listed, MirrorSource, Next, Operation, OperationMachine, Outcome, Payload,
-    QueryPlan, RevertAction, Side, Step,
+    purge_tombstone_step, query_answer, query_plan, repair_action, repair_copy_step, repair_next,
+    repair_replace_step, revert_action, Answer, BackfillAction, BatchWindow, CleanupAction,
+    CleanupDecision, Found, Interrupted, Listed, MirrorSource, Next, Operation, OperationMachine,
+    Outcome, Payload, QueryPlan, RepairAction, RepairNext, RevertAction, Side, Step,
 };
 use reshard::routing::Location;
 
@@ -3500,24 +3501,56 @@ impl<'a> Model<'a> {
             RepairAt::Found => {
                 say!(log, "repairer: ");
                 let found = self.scan_source(s, id, log);
-                // As `reconcile::repair_from_source`: only a document that moves is copied
-                // again; one that stays would get its routing field.
-                match self.source_disposition(&s.store, id, &found) {
-                    Some((Disposition::Moves { .. }, v)) => s.repair_at = RepairAt::Read(v),
-                    _ => next_id(s),
+                // As `reconcile::repair_from_source`: the protocol's repair decision on what
+                // the source holds now.
+                let Some((disposition, v)) = self.source_disposition(&s.store, id, &found) else {
+                    next_id(s);
+                    return Ok(());
+                };
+                let stamp =
+                    |_: &str, _: i32| -> Add { unreachable!("the model has no routing field") };
+                match repair_action::<u8, Add>(&disposition, v, stamp) {
+                    RepairAction::Copy { step, .. } if step == repair_copy_step(v) => {
+                        s.repair_at = RepairAt::Read(v)
+                    }
+                    RepairAction::Copy { step, .. } => {
+                        return Err(format!("the repair would start with {step:?}"))
+                    }
+                    RepairAction::Stamp(step) => {
+                        return Err(format!(
+                            "the repair stamps {step:?} without a routing field"
+                        ))
+                    }
+                    RepairAction::Leave => next_id(s),
                 }
             }
             RepairAt::Read(v) => {
-                let a = self.repair_write(s, id, repair_copy_step(v), log)?;
-                match a {
-                    Answer::Inserted => next_id(s),
-                    Answer::DuplicateKey => s.repair_at = RepairAt::Duplicate(v),
-                    other => return Err(format!("the repair's insert answered {other:?}")),
+                // The state holds the step `repair_action` chose as its value: the copy's
+                // insert-if-absent.
+                let step: MStep = repair_copy_step(v);
+                let a = self.repair_write(s, id, step.clone(), log)?;
+                if !matches!(a, Answer::Inserted | Answer::DuplicateKey) {
+                    return Err(format!("the repair's insert answered {a:?}"));
+                }
+                match repair_next(&step, &a, v) {
+                    RepairNext::Write(next) if next == repair_replace_step(v) => {
+                        s.repair_at = RepairAt::Duplicate(v)
+                    }
+                    RepairNext::Write(next) => {
+                        return Err(format!("the repair would go on with {next:?}"))
+                    }
+                    RepairNext::Done(_) => next_id(s),
                 }
             }
             RepairAt::Duplicate(v) => {
-                self.repair_write(s, id, repair_replace_step(v), log)?;
-                next_id(s);
+                let step: MStep = repair_replace_step(v);
+                let a = self.repair_write(s, id, step.clone(), log)?;
+                match repair_next(&step, &a, v) {
+                    RepairNext::Done(_) => next_id(s),
+                    RepairNext::Write(next) => {
+                        return Err(format!("the repair goes on after replacing: {next:?}"))
+                    }
+                }
             }
         }
         Ok(())

@@ -175,9 +175,31 @@ pub fn statement<D: Scanned>(
     }
 }
 
+/// The filter of a purge: every document a purge step ([`crate::protocol::purge_tombstone_step`])
+/// removes at a location, all at once (the step's one id at a time, as the model runs it, is
+/// the same set). Any other step is refused.
+pub fn purge_filter<D: std::fmt::Debug, U: std::fmt::Debug>(
+    step: &Step<D, U>,
+) -> Result<Document, String> {
+    match step {
+        Step::DeleteTombstone(_) => Ok(envelope::tombstones()),
+        other => Err(format!("{other:?} is not a purge")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_purge_deletes_tombstones_only_and_nothing_else_is_a_purge() {
+        for side in [Side::Source, Side::Target] {
+            let step = crate::protocol::purge_tombstone_step::<(), ()>(side);
+            assert_eq!(purge_filter(&step), Ok(envelope::tombstones()));
+        }
+        assert!(purge_filter(&Step::<(), ()>::Delete(Side::Source)).is_err());
+        assert!(purge_filter(&Step::<(), ()>::DeleteLive(Side::Target)).is_err());
+    }
     use mongodb::bson::doc;
 
     fn version(field: Option<&str>) -> RoutingVersion {

@@ -50,9 +50,9 @@ pub use query::{cursor_continues, query_answer, query_plan, QueryPlan};
 pub use workers::{
     applied_pending_deletes, backfill_action, cleanup_action, cleanup_decision,
     cleanup_delete_step, cleanup_lookup_step, copy_result, copy_step, mirror_is_newer,
-    purge_tombstone_step, repair_copy_step, repair_replace_step, revert_action, revert_copy_step,
-    BackfillAction, BatchWindow, CleanupAction, CleanupDecision, CopyResult, MirrorSource,
-    RevertAction,
+    purge_tombstone_step, repair_action, repair_copy_step, repair_next, repair_replace_step,
+    revert_action, revert_copy_step, BackfillAction, BatchWindow, CleanupAction, CleanupDecision,
+    CopyResult, MirrorSource, RepairAction, RepairNext, Repaired, RevertAction,
 };
 
 /// A document a step writes. The executor materialises it: the product stamps `_reshard`

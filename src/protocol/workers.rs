@@ -181,6 +181,49 @@ pub fn revert_action<D, U>(disposition: &Disposition, scanned: &Location) -> Rev
     }
 }
 
+/// What a repair does for a source document it read again, once reconciliation found the
+/// target wrong for it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RepairAction<D, U> {
+    /// It moves: copy it again at `target`, starting with `step` ([`repair_copy_step`]), then
+    /// as [`repair_next`] says.
+    Copy {
+        target: Location,
+        sub_bucket: u32,
+        step: Step<D, U>,
+    },
+    /// It stays and lacks its routing field: the backfill's stamp, where it is.
+    Stamp(Step<D, U>),
+    /// Nothing to repair from the source now: it is a tombstone, a document of the other
+    /// layout, one that cannot be routed, or one that stays as it should.
+    Leave,
+}
+
+/// The repair's decision for the source document `doc` it read; `stamp` builds the update that
+/// sets a routing field to a value (as for [`backfill_action`]).
+pub fn repair_action<D, U>(
+    disposition: &Disposition,
+    doc: D,
+    stamp: impl FnOnce(&str, i32) -> U,
+) -> RepairAction<D, U> {
+    match disposition {
+        Disposition::Moves { target, sub_bucket } => RepairAction::Copy {
+            target: target.clone(),
+            sub_bucket: *sub_bucket,
+            step: repair_copy_step(doc),
+        },
+        Disposition::Stays { stamp: Some(_) } => match backfill_action(disposition, doc, stamp) {
+            BackfillAction::Write(step) => RepairAction::Stamp(step),
+            _ => unreachable!("the backfill stamps a document that stays without its field"),
+        },
+        Disposition::Stays { stamp: None }
+        | Disposition::Tombstone { .. }
+        | Disposition::Foreign
+        | Disposition::Placed { .. }
+        | Disposition::Unroutable { .. } => RepairAction::Leave,
+    }
+}
+
 /// A repair's first write for a source document the target lacks or holds wrong: the copier's
 /// insert-if-absent of a fresh pristine copy.
 pub fn repair_copy_step<D, U>(doc: D) -> Step<D, U> {
@@ -191,6 +234,35 @@ pub fn repair_copy_step<D, U>(doc: D) -> Step<D, U> {
 /// it is still a pristine copy, never over the application's write or a tombstone.
 pub fn repair_replace_step<D, U>(doc: D) -> Step<D, U> {
     Step::ReplaceCopy(Side::Target, Payload::Copy(doc))
+}
+
+/// How a repair's copy ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Repaired {
+    /// The target had nothing: the copy is there now.
+    CopiedAgain,
+    /// The target held a pristine copy: it is replaced by a fresh one.
+    PristineReplaced,
+    /// The target holds the application's write or a tombstone, which win over a copy.
+    LeftAlone,
+}
+
+/// What follows a repair's write.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RepairNext<D, U> {
+    Write(Step<D, U>),
+    Done(Repaired),
+}
+
+/// The repair's next move after `answer` to its write `step` of the copy of `doc`: an insert
+/// that met a duplicate is followed by [`repair_replace_step`]; anything else ends it.
+pub fn repair_next<D, U, A>(step: &Step<D, U>, answer: &Answer<A>, doc: D) -> RepairNext<D, U> {
+    match (step, answer) {
+        (Step::Insert(..), Answer::Inserted) => RepairNext::Done(Repaired::CopiedAgain),
+        (Step::Insert(..), _) => RepairNext::Write(repair_replace_step(doc)),
+        (_, Answer::Matched(true)) => RepairNext::Done(Repaired::PristineReplaced),
+        _ => RepairNext::Done(Repaired::LeftAlone),
+    }
 }
 
 /// What cleanup may do with a source document once it looked the id up in the target.
@@ -311,6 +383,73 @@ impl<T> BatchWindow<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repair_copies_what_moves_stamps_what_stays_and_leaves_the_rest() {
+        let there = Location::new("s2", "orders");
+        let stamp = |f: &str, v: i32| format!("{f}={v}");
+        let moves = Disposition::Moves {
+            target: there.clone(),
+            sub_bucket: 3,
+        };
+        assert_eq!(
+            repair_action(&moves, 7_u8, stamp),
+            RepairAction::Copy {
+                target: there.clone(),
+                sub_bucket: 3,
+                step: Step::Insert(Side::Target, Payload::Copy(7)),
+            }
+        );
+        let stays = Disposition::Stays {
+            stamp: Some(("bucket".to_owned(), 2)),
+        };
+        // The backfill's stamp, the same step.
+        let RepairAction::Stamp(step) = repair_action(&stays, 7_u8, stamp) else {
+            panic!("a document that stays without its field is stamped");
+        };
+        let BackfillAction::Write(backfill) = backfill_action(&stays, 7_u8, stamp) else {
+            panic!("the backfill stamps it too");
+        };
+        assert_eq!(step, backfill);
+        for d in [
+            Disposition::Stays { stamp: None },
+            Disposition::Foreign,
+            Disposition::Tombstone { source: None },
+            Disposition::Unroutable {
+                reason: "no tenant".to_owned(),
+            },
+            Disposition::Placed {
+                source: there.clone(),
+                sub_bucket: 0,
+                pristine: true,
+            },
+        ] {
+            assert_eq!(repair_action(&d, 7_u8, stamp), RepairAction::Leave, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn a_repair_replaces_only_after_a_duplicate_and_ends_after_the_replace() {
+        let insert: Step<u8, ()> = repair_copy_step(7);
+        let replace: Step<u8, ()> = repair_replace_step(7);
+        assert_eq!(
+            repair_next(&insert, &Answer::<u8>::Inserted, 7),
+            RepairNext::Done(Repaired::CopiedAgain)
+        );
+        assert_eq!(
+            repair_next(&insert, &Answer::<u8>::DuplicateKey, 7),
+            RepairNext::Write(replace.clone())
+        );
+        assert_eq!(
+            repair_next(&replace, &Answer::<u8>::Matched(true), 7),
+            RepairNext::Done(Repaired::PristineReplaced)
+        );
+        // The replace matched nothing: the application's write or a tombstone is there.
+        assert_eq!(
+            repair_next(&replace, &Answer::<u8>::Matched(false), 7),
+            RepairNext::Done(Repaired::LeftAlone)
+        );
+    }
 
     #[test]
     fn a_checkpoint_passes_a_batch_only_after_every_earlier_batch_settled_well() {

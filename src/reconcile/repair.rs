@@ -3,22 +3,24 @@
 
 use mongodb::bson::{Bson, Document};
 
-use crate::disposition::{self, Disposition};
+use crate::disposition;
 use crate::envelope::{self};
 use crate::ids;
-use crate::protocol::{self, Answer, Payload, Side, Step};
+use crate::protocol::{self, Answer, Payload, RepairAction, RepairNext, Repaired, Side, Step};
 use crate::routing::Location;
 use crate::shards::write::Inserted;
 use crate::store::reconcile::FindingKind;
 
 use super::*;
 
-/// Runs a repair's protocol steps for `doc` (a source document) at its target `goal`:
-/// [`protocol::repair_copy_step`], then on a duplicate key [`protocol::repair_replace_step`],
-/// which replaces only a pristine copy, never the application's write or a tombstone.
+/// Runs a repair's copy of `doc` (a source document) at its target `goal`, from its first
+/// step (`first`, [`protocol::repair_copy_step`]) on as [`protocol::repair_next`] says: on a
+/// duplicate key [`protocol::repair_replace_step`], which replaces only a pristine copy, never
+/// the application's write or a tombstone.
 pub(super) async fn repair_copy(
     scene: &Scene,
     goal: &Location,
+    first: Step<Document, Document>,
     doc: Document,
     sub_bucket: u32,
     epoch: i64,
@@ -28,7 +30,7 @@ pub(super) async fn repair_copy(
         Payload::Copy(d) => envelope::copy(d.clone(), &scene.to, sub_bucket, epoch),
         Payload::App(_) | Payload::Tombstone => unreachable!("a repair writes copies only"),
     };
-    let mut step: Step<Document, Document> = protocol::repair_copy_step(doc.clone());
+    let mut step = first;
     loop {
         let answer: Answer<Document> = match &step {
             Step::Insert(Side::Target, payload) => {
@@ -45,18 +47,21 @@ pub(super) async fn repair_copy(
             ),
             other => unreachable!("a repair asks for no {other:?}"),
         };
-        match (&step, answer) {
-            (Step::Insert(..), Answer::Inserted) => return Ok("copied again"),
-            (Step::Insert(..), _) => step = protocol::repair_replace_step(doc.clone()),
-            (_, Answer::Matched(true)) => return Ok("pristine copy replaced"),
-            _ => return Ok("left alone: the application wrote it since"),
+        match protocol::repair_next(&step, &answer, doc.clone()) {
+            RepairNext::Write(next) => step = next,
+            RepairNext::Done(Repaired::CopiedAgain) => return Ok("copied again"),
+            RepairNext::Done(Repaired::PristineReplaced) => return Ok("pristine copy replaced"),
+            RepairNext::Done(Repaired::LeftAlone) => {
+                return Ok("left alone: the application wrote it since")
+            }
         }
     }
 }
 
-/// Brings the target in line with the source document of `id` at `source`: a document that
-/// moves is copied again ([`repair_copy`], never over the application's write), one that stays
-/// gets its routing field. Returns what was done.
+/// Brings the target in line with the source document of `id` at `source`, as
+/// [`protocol::repair_action`] decides: a document that moves is copied again
+/// ([`repair_copy`], never over the application's write), one that stays gets its routing
+/// field. Returns what was done.
 pub(super) async fn repair_from_source(
     scene: &Scene,
     epoch: i64,
@@ -66,23 +71,26 @@ pub(super) async fn repair_from_source(
     let Some(doc) = scene.shards.find_by_id(source, id).await? else {
         return Ok("the source document is gone".to_owned());
     };
+    let d = disposition::of(Side::Source, &scene.from, &scene.to, source, &doc);
     Ok(
-        match disposition::of(Side::Source, &scene.from, &scene.to, source, &doc) {
-            Disposition::Stays {
-                stamp: Some((field, value)),
-            } => {
+        match protocol::repair_action(&d, doc.clone(), envelope::stamp) {
+            RepairAction::Stamp(Step::UpdateLive(_, stamp)) => {
+                // A document that stays is where both versions place it: at `source`.
                 scene
                     .shards
-                    .update_one(source, envelope::live(id), envelope::stamp(&field, value))
+                    .update_one(source, envelope::live(id), stamp)
                     .await?;
                 "routing field stamped".to_owned()
             }
-            Disposition::Moves { target, sub_bucket } => {
-                repair_copy(scene, &target, doc, sub_bucket, epoch)
-                    .await?
-                    .to_owned()
-            }
-            other => format!("left alone: the source document is {other:?} now"),
+            RepairAction::Stamp(other) => unreachable!("a stamp is an update, not {other:?}"),
+            RepairAction::Copy {
+                target,
+                sub_bucket,
+                step,
+            } => repair_copy(scene, &target, step, doc, sub_bucket, epoch)
+                .await?
+                .to_owned(),
+            RepairAction::Leave => format!("left alone: the source document is {d:?} now"),
         },
     )
 }
@@ -178,11 +186,23 @@ pub async fn repair(
                         )),
                         _ => None,
                     };
-                    match (doc, d) {
-                        (Some(doc), Some(Disposition::Moves { target, sub_bucket }))
-                            if target == expected =>
-                        {
-                            let w = repair_copy(scene, &expected, doc, sub_bucket, epoch).await?;
+                    let action = match (&doc, &d) {
+                        (Some(doc), Some(d)) => {
+                            protocol::repair_action(d, doc.clone(), envelope::stamp)
+                        }
+                        _ => RepairAction::Leave,
+                    };
+                    match (doc, action) {
+                        (
+                            Some(doc),
+                            RepairAction::Copy {
+                                target,
+                                sub_bucket,
+                                step,
+                            },
+                        ) if target == expected => {
+                            let w =
+                                repair_copy(scene, &expected, step, doc, sub_bucket, epoch).await?;
                             what.push(format!("{w} to {expected}"));
                         }
                         _ => {

@@ -252,6 +252,24 @@ pub enum StatementResult {
     },
 }
 
+impl StatementResult {
+    /// What an insert-if-absent's result answers, as a protocol step's answer
+    /// ([`crate::protocol::copy_result`] judges it): inserted, or a duplicate key (a document
+    /// already there, or the same id sent by a later statement of the batch, which settles it
+    /// the same way). `None` for any other result.
+    pub fn insert_answer(&self) -> Option<crate::protocol::Answer<()>> {
+        match self {
+            StatementResult::Inserted => Some(crate::protocol::Answer::Inserted),
+            StatementResult::AlreadyPresent | StatementResult::DroppedDuplicate { .. } => {
+                Some(crate::protocol::Answer::DuplicateKey)
+            }
+            StatementResult::Applied
+            | StatementResult::Expired
+            | StatementResult::DeadLettered { .. } => None,
+        }
+    }
+}
+
 /// Retries of transient and overload failures: exponential backoff with full jitter and a cap
 /// on attempts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::envelope;
 use crate::ids;
-use crate::protocol;
+use crate::protocol::{self, CopyResult};
 use crate::routing::Location;
 use crate::shards::read::Merge;
 use crate::shards::{Deadline, FailureClass, StatementResult};
@@ -731,15 +731,24 @@ impl Worker {
         let mut checkpoint = batch.checkpoint;
         for (i, result) in report.results.iter().enumerate() {
             match result {
-                StatementResult::Inserted => checkpoint.inserted += 1,
+                StatementResult::Inserted
+                | StatementResult::AlreadyPresent
+                | StatementResult::DroppedDuplicate { .. } => {
+                    match result
+                        .insert_answer()
+                        .as_ref()
+                        .and_then(protocol::copy_result)
+                    {
+                        Some(CopyResult::Inserted) => checkpoint.inserted += 1,
+                        Some(CopyResult::AlreadyPresent) => checkpoint.already_present += 1,
+                        None => unreachable!("an insert's result answers the insert"),
+                    }
+                }
                 StatementResult::Applied => match batch.kinds[i] {
                     Kind::Stamp => checkpoint.stamped += 1,
                     Kind::Delete => checkpoint.deleted += 1,
                     Kind::Copy | Kind::Mirror => checkpoint.inserted += 1,
                 },
-                StatementResult::AlreadyPresent | StatementResult::DroppedDuplicate { .. } => {
-                    checkpoint.already_present += 1
-                }
                 StatementResult::Expired => unreachable!("handled above"),
                 StatementResult::DeadLettered {
                     class: FailureClass::Permanent,
