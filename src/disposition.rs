@@ -2,7 +2,7 @@
 //! classifies a scanned document. The backfill, the cleanup, the revert copier,
 //! reconciliation and repair all ask [`of`], and act on the answer through the protocol's
 //! worker decisions ([`crate::protocol::backfill_action`], [`crate::protocol::cleanup_action`],
-//! [`crate::protocol::revert_action`]). ARCHITECTURE.md ("One disposition") has the table of
+//! [`crate::protocol::revert_action`]). `docs/decisions/0012-one-disposition-one-decision-per-writer.md` has the table of
 //! what each writer does with each case. Pure.
 
 use mongodb::bson::{Bson, Document};

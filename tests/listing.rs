@@ -138,7 +138,7 @@ fn random_ids(rng: &mut StdRng, n: usize, taken: &mut BTreeSet<Vec<u8>>) -> Vec<
 
 /// Bytes of a binary id. MongoDB orders binary data by length, then subtype, then bytes, in
 /// sorts and in `$gt` alike. The local MongoDB-wire servers sort that way but compare by bytes
-/// alone in `$gt` (a stand-in quirk, ARCHITECTURE.md), so there the ids keep the two orders
+/// alone in `$gt` (a stand-in quirk, docs/decisions/0026-cursors-continue-across-id-type-brackets.md), so there the ids keep the two orders
 /// equal: 16 bytes each, generic ones below 0x80 and UUIDs from 0x80. On real MongoDB
 /// (`--features containers`) lengths and bytes are random.
 fn binary_bytes(rng: &mut StdRng, uuid: bool) -> Vec<u8> {

@@ -159,7 +159,7 @@ pub struct OperationMachine<D, U> {
 
 /// What an operation cut short by its router's lease may have done. The router stops before
 /// each step once its lease is about to run out, and every step it sent ends before the lease
-/// does (ARCHITECTURE.md, "Leases fence every step"), so nothing of the operation can land
+/// does (docs/decisions/0006-leases-fence-every-step.md), so nothing of the operation can land
 /// after the driver counts the router out: it either happened by then or never will.
 /// [`OperationMachine::interrupted`] tells which, for an operation stopped before the step it
 /// asked for last was sent; [`OperationMachine::interrupted_in_flight`] once that step was

@@ -53,7 +53,7 @@ pub fn purge_tombstone_step<D, U>(side: Side) -> Step<D, U> {
 /// passed that id already); from then on routers mirror their own writes, and the copier
 /// carries back everything written before. A router whose lease lapses after the pass began
 /// may have left a write unmirrored behind it: the pass is then outdated and runs again
-/// (ARCHITECTURE.md, "A lapse outdates the copy back").
+/// (docs/decisions/0022-a-lapse-outdates-the-copy-back.md).
 pub fn revert_copy_step<D, U>() -> Step<D, U> {
     Step::MirrorToSource
 }

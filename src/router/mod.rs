@@ -7,8 +7,7 @@
 //! the old epoch, waits for the ones in flight to finish (heartbeating all the while, so the
 //! driver keeps waiting for it), switches, and acknowledges the new epoch at once.
 //!
-//! The lease fences every step, not only the start of an operation (ARCHITECTURE.md, "Leases
-//! fence every step"): a step is not sent once fewer than [`RouterConfig::fence_margin`] of the
+//! The lease fences every step, not only the start of an operation (docs/decisions/0006-leases-fence-every-step.md): a step is not sent once fewer than [`RouterConfig::fence_margin`] of the
 //! lease are left (measured on a monotonic clock from the start of the last renewal), and the
 //! command it sends ends before that point. The driver counts a silent router out only a fence
 //! margin after its lease ran out (by PostgreSQL's clock), so nothing of an operation lands
@@ -22,16 +21,14 @@
 //! so an application keeps reading and writing through a PostgreSQL outage shorter than the
 //! lease; phase changes wait meanwhile (the driver counts a router that stopped heartbeating
 //! out only after its lease). The price is that a router that crashes without deregistering
-//! holds up phase changes until its lease has run out (ARCHITECTURE.md, "The data path
-//! outlives the state store").
+//! holds up phase changes until its lease has run out (docs/decisions/0008-the-data-path-outlives-the-state-store.md).
 //!
 //! A router that starts while the state store is down has no phase to apply, and never
 //! guesses one: [`Router::connect`] returns only once it has registered and loaded the
 //! migration's phase, and until then nothing can be sent through it. It tries again with
 //! backoff (a warning at each attempt, with the reason) up to
 //! [`RouterConfig::connect_deadline`] (two minutes by default), then fails naming the
-//! deadline and the last reason (ARCHITECTURE.md, "A router starting without the state store
-//! waits for it").
+//! deadline and the last reason (docs/decisions/0009-a-starting-router-waits-for-the-state-store.md).
 //!
 //! Every operation runs one of the pure [`crate::protocol`] machines against the shards; this
 //! module only turns their steps into MongoDB commands.

@@ -2,7 +2,7 @@
 //!
 //! A command can be applied by the server after the client stopped waiting for it, so a
 //! router's lease fences its operations only if every command it sends ends before the lease
-//! does (ARCHITECTURE.md, "Leases fence every step"). Each command here therefore
+//! does (docs/decisions/0006-leases-fence-every-step.md). Each command here therefore
 //!
 //! - is not sent at all once its deadline has passed ([`CommandError::NotSent`]);
 //! - carries `maxTimeMS` = the time left until the deadline, so the server gives up on it by
@@ -20,7 +20,7 @@
 //!   certainly did not reach its server), and only before the deadline, carrying the time
 //!   then left. The router's steps are conditional writes, so a second send of a write whose
 //!   first send never arrived is that write arriving late, which the protocol allows for
-//!   (ARCHITECTURE.md, "A step is sent again only when that is harmless").
+//!   (docs/decisions/0010-a-step-is-sent-again-only-when-harmless.md).
 
 use super::At;
 use mongodb::bson::{doc, Bson, Document};
