@@ -90,22 +90,15 @@ pub async fn remove_target_layout(
             projection: Some(doc! {
                 "_id": 1, &from.tenant_key: 1, &from.id_field: 1, format!("{META}.deleted"): 1,
             }),
-            batch_size: 1_000,
             ..QueryOptions::default()
         };
-        let mut scan = shards
-            .query(&t, envelope::written_by_reshard(), options)
+        let mut rows = shards
+            .rows(&t, envelope::written_by_reshard(), options)
             .await?;
         let mut foreign = Vec::new();
-        loop {
-            let batch = scan.next_batch().await?;
-            if batch.is_empty() {
-                break;
-            }
-            for d in batch {
-                if disposition::of(Side::Source, from, to, &t, &d) == Disposition::Foreign {
-                    foreign.extend(d.get("_id").cloned());
-                }
+        while let Some(d) = rows.next().await? {
+            if disposition::of(Side::Source, from, to, &t, &d) == Disposition::Foreign {
+                foreign.extend(d.get("_id").cloned());
             }
         }
         let mut n = 0;

@@ -9,7 +9,9 @@
 //! are not code, and the driver's data types (BSON, options, errors, a change stream's
 //! events) are not handles and may be named anywhere.
 
-use std::path::{Path, PathBuf};
+#[path = "support/source.rs"]
+mod source;
+use source::{is_ident, root, rust_files};
 
 /// The driver's handle types: whoever holds one can send any command.
 const HANDLES: &[&str] = &[
@@ -34,25 +36,6 @@ const CALLS: &[&str] = &[
     "Client::with_uri_str(",
     "Client::with_options(",
 ];
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
-fn is_ident(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
-}
 
 /// Whether `text` holds `word` as a whole identifier.
 fn has_word(text: &str, word: &str) -> bool {

@@ -4,7 +4,11 @@
 //! so the document and the code cannot drift apart silently.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+#[path = "support/source.rs"]
+mod source;
+use source::{is_ident, root, rust_files};
 
 /// `module -> layer`, from the table under "## Layers" in ARCHITECTURE.md: rows
 /// `| N name | module, module, ... |`.
@@ -42,21 +46,6 @@ fn layers() -> BTreeMap<String, u32> {
     out
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// The module path of a file under `src/`: `["router", "exec"]` for `src/router/exec.rs`,
 /// `["router"]` for `src/router/mod.rs`, `[]` for `lib.rs` and `main.rs`.
 fn module_path(file: &Path) -> Vec<String> {
@@ -72,10 +61,6 @@ fn module_path(file: &Path) -> Vec<String> {
         parts.pop();
     }
     parts
-}
-
-fn is_ident(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_'
 }
 
 /// The top-level modules a line of code names: `crate::x`, `crate::{x, y::z}`, and

@@ -3,7 +3,7 @@
 //! tombstones hiding both.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::num::NonZeroU32;
 
 use futures::{StreamExt, TryStreamExt};
@@ -15,7 +15,7 @@ use crate::ids;
 use crate::phase::ReadPath;
 use crate::protocol::Side;
 use crate::routing::{vbucket, KeyValue, Layout, Location, RoutingVersion};
-use crate::shards::read::{QueryOptions, Scan};
+use crate::shards::read::{QueryOptions, Rows};
 
 /// One page of a tenant listing.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,23 +51,13 @@ pub(super) fn tenant_locations(version: &RoutingVersion, tenant: &KeyValue) -> V
 struct Stream {
     side: Side,
     location: Location,
-    scan: Scan,
-    /// What the scan read and the merge has not reached yet.
-    buffer: VecDeque<Document>,
+    rows: Rows,
     head: Option<Document>,
 }
 
 impl Stream {
     async fn advance(&mut self) -> Result<(), RouterError> {
-        if self.buffer.is_empty() {
-            self.buffer.extend(
-                self.scan
-                    .next_batch()
-                    .await
-                    .map_err(super::query::read_error)?,
-            );
-        }
-        self.head = self.buffer.pop_front();
+        self.head = self.rows.next().await.map_err(super::query::read_error)?;
         Ok(())
     }
 
@@ -118,16 +108,15 @@ pub async fn list_tenant(
                     max_time: Some(left.max(std::time::Duration::from_millis(1))),
                     ..QueryOptions::default()
                 };
-                let scan = inner
+                let rows = inner
                     .shards
-                    .query(&location, filter, options)
+                    .rows(&location, filter, options)
                     .await
                     .map_err(super::query::read_error)?;
                 let mut s = Stream {
                     side,
                     location,
-                    scan,
-                    buffer: VecDeque::new(),
+                    rows,
                     head: None,
                 };
                 s.advance().await?;

@@ -157,12 +157,6 @@ pub struct At {
     location: Location,
 }
 
-impl At {
-    pub fn location(&self) -> &Location {
-        &self.location
-    }
-}
-
 impl From<BTreeMap<String, Database>> for Shards {
     fn from(databases: BTreeMap<String, Database>) -> Shards {
         Shards::new(databases)

@@ -191,6 +191,34 @@ impl Shards {
             .await
     }
 
+    /// The documents at `location` matching `filter`, read as `options` says, lazily: a
+    /// batch is asked of the server only when the last one is used up (a page of a listing
+    /// reads no more than it needs).
+    pub async fn rows(
+        &self,
+        location: &Location,
+        filter: Document,
+        options: QueryOptions,
+    ) -> Result<Rows, ReadError> {
+        let find = mongodb::options::FindOptions::builder()
+            .sort(options.sort)
+            .projection(options.projection)
+            .limit(options.limit)
+            .batch_size((options.batch_size > 0).then_some(options.batch_size))
+            .max_time(options.max_time)
+            .build();
+        let cursor = self
+            .collection(location)?
+            .find(filter)
+            .with_options(find)
+            .await
+            .map_err(ReadError::at(location))?;
+        Ok(Rows {
+            cursor,
+            location: location.clone(),
+        })
+    }
+
     async fn scan_as<T>(
         &self,
         location: &Location,
@@ -276,6 +304,22 @@ pub struct QueryOptions {
     pub batch_size: u32,
     /// The server gives up on the query by then (`maxTimeMS`).
     pub max_time: Option<std::time::Duration>,
+}
+
+/// A lazy read in progress ([`Shards::rows`]).
+pub struct Rows {
+    cursor: mongodb::Cursor<Document>,
+    location: Location,
+}
+
+impl Rows {
+    /// The next document; `None` at the end.
+    pub async fn next(&mut self) -> Result<Option<Document>, ReadError> {
+        self.cursor
+            .try_next()
+            .await
+            .map_err(ReadError::at(&self.location))
+    }
 }
 
 /// A scan in progress ([`Shards::scan`]). Dropping it stops the reader.

@@ -318,15 +318,9 @@ pub async fn plan(
                 batch_size: 10_000,
                 ..QueryOptions::default()
             };
-            let mut ids = shards.query(&location, filter.clone(), options).await?;
-            loop {
-                let batch = ids.next_batch().await?;
-                if batch.is_empty() {
-                    break;
-                }
-                for d in &batch {
-                    pass.observe(d.get("_id").unwrap_or(&Bson::Null));
-                }
+            let mut ids = shards.rows(&location, filter.clone(), options).await?;
+            while let Some(d) = ids.next().await? {
+                pass.observe(d.get("_id").unwrap_or(&Bson::Null));
             }
             let documents = pass.count();
             let partitions = partitions_of(
