@@ -82,6 +82,12 @@ pub fn tombstones() -> Document {
     doc! { format!("{META}.deleted"): true }
 }
 
+/// `{_id: id}` restricted to a document without the envelope: one no router, copier or
+/// mirror wrote.
+pub fn unmarked_of(id: &Bson) -> Document {
+    doc! { "_id": id.clone(), META: { "$exists": false } }
+}
+
 /// Every document reshard wrote (it carries the envelope).
 pub fn written_by_reshard() -> Document {
     doc! { META: { "$exists": true } }

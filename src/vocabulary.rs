@@ -21,6 +21,32 @@ pub const RENAMED_COMMANDS: &[(&str, &str)] = &[
     ("approve PLAYBOOK_NAME", "approve MIGRATION_ID"),
 ];
 
+/// Playbook keys renamed, as (steps, old, new): a step's options take the names of the
+/// settings they override for the step (`settings.max_docs_per_sec`, `reshard throttle set
+/// --max-docs-per-sec`, ...), and the reconcile step takes the word of `reshard reconcile
+/// --stratify`. Each applies to the options of the step kinds listed.
+pub const RENAMED_PLAYBOOK_KEYS: &[(&[&str], &str, &str)] = &[
+    (WORKER_STEPS, "rate", "max_docs_per_sec"),
+    (WORKER_STEPS, "in_flight", "max_in_flight_per_shard"),
+    (WORKER_STEPS, "latency_target", "target_batch_latency"),
+    (WORKER_STEPS, "waves", "cleanup_waves"),
+    (&["reconcile"], "strata", "stratify"),
+];
+
+/// The steps whose options are a [`crate::spec::playbook::WorkersDoc`].
+const WORKER_STEPS: &[&str] = &["backfill", "cleanup", "rollback"];
+
+/// Command-line flags renamed, as (old, new): a flag takes the name of the setting it sets.
+pub const RENAMED_FLAGS: &[(&str, &str)] = &[("--shadow-reads", "--shadow-read-percent")];
+
+/// The entry of [`RENAMED_FLAGS`] for the old flag `old`.
+pub fn renamed_flag(old: &str) -> (&'static str, &'static str) {
+    *RENAMED_FLAGS
+        .iter()
+        .find(|(o, _)| *o == old)
+        .unwrap_or_else(|| panic!("{old:?} is not in RENAMED_FLAGS"))
+}
+
 /// The entry of [`RENAMED_COMMANDS`] for the old words `old`.
 pub fn renamed_command(old: &str) -> (&'static str, &'static str) {
     *RENAMED_COMMANDS

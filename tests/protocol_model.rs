@@ -628,6 +628,9 @@ fn execute_step(
             }
             Answer::Matched(hit)
         }
+        // Every document of the model carries the envelope (no writer bypasses the routers):
+        // a delete of a plain one finds none.
+        Step::DeleteUnmarked(_) => Answer::Matched(false),
         Step::ReplaceCopy(side, payload) => {
             let slot = store.slot_at(*side, id, at);
             let hit = matches!(slot, Slot::Live { copy: true, .. });
@@ -652,7 +655,8 @@ fn on_listed_source(store: &Store, id: usize, step: &MStep) -> bool {
         | Step::UpdateLive(side, _)
         | Step::Delete(side)
         | Step::DeleteLive(side)
-        | Step::DeleteTombstone(side) => *side == Side::Source,
+        | Step::DeleteTombstone(side)
+        | Step::DeleteUnmarked(side) => *side == Side::Source,
         Step::MirrorToSource => false,
     };
     store.fanout && source && store.listed(id).len() > 1

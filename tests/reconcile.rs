@@ -1551,7 +1551,7 @@ async fn shadow_reads_report_an_altered_copy_and_hold_the_gate_until_repaired() 
     fx.to_reconcile().await;
     let e = Expect::of(&fx, &docs);
     fx.reconcile(&[]).await.expect_code(0, "a clean run");
-    fx.configure(&["--shadow-reads", "100"]).await;
+    fx.configure(&["--shadow-read-percent", "100"]).await;
     let router = fx.router().await;
     let tenant = |id: &str| tenant_of(docs.iter().find(|d| id_of(d) == id).unwrap()).to_owned();
 
@@ -1765,7 +1765,7 @@ async fn without_shadow_reads_nothing_is_compared_until_they_are_turned_on() {
     let stats = &routers.as_array().unwrap()[0]["stats"]["shadow"];
     assert_eq!(stats["compared"], 0, "{routers:#}");
 
-    fx.configure(&["--shadow-reads", "100"]).await;
+    fx.configure(&["--shadow-read-percent", "100"]).await;
     let store = fx.store.clone();
     let m = fx.migration;
     eventually(

@@ -386,8 +386,8 @@ async fn an_int_id_and_a_string_id_that_read_alike_stay_two_ids() {
     assert!(error.contains("not JSON"), "{error}");
 }
 
-/// The old command words (`reshard::vocabulary::RENAMED_COMMANDS`) still run their command
-/// until 0.2, each with one warning that names the new words; the new words warn of nothing.
+/// The old command words (`reshard::vocabulary::RENAMED_COMMANDS`) and flags (`RENAMED_FLAGS`)
+/// still run their command until 0.2, each with one warning that names the new words; the new words warn of nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_command_words_still_work_with_a_warning_naming_the_new_ones() {
     let w = World::start().await;
@@ -429,6 +429,30 @@ async fn old_command_words_still_work_with_a_warning_naming_the_new_ones() {
             Some("is deprecated and goes in"),
             Some(0),
         ),
+        (
+            vec![
+                "migration",
+                "configure",
+                &id,
+                "--shadow-reads",
+                "5",
+                "--dry-run",
+            ],
+            Some("`--shadow-read-percent`"),
+            Some(0),
+        ),
+        (
+            vec![
+                "migration",
+                "configure",
+                &id,
+                "--shadow-read-percent",
+                "5",
+                "--dry-run",
+            ],
+            None,
+            Some(0),
+        ),
         (vec!["router", "list"], None, Some(0)),
         (vec!["router", "remove", unknown], None, Some(2)),
         (
@@ -465,4 +489,79 @@ async fn old_command_words_still_work_with_a_warning_naming_the_new_ones() {
     let (code, stderr) = run(&["approve", "nope", "--step", "go"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("takes the migration's id"), "{stderr}");
+}
+
+/// One name per setting (issue 31): the stored settings (`MigrationSettings`), the playbook's
+/// `settings`, a step's options that override them, the flags of `throttle set` and
+/// `migration configure` call each setting by one name. A stored
+/// or printed name may only add its unit (`_ms`, `_secs`) to what people type a duration in.
+#[test]
+fn every_setting_has_one_name_in_settings_playbooks_and_flags() {
+    use clap::CommandFactory;
+    let stored: Vec<String> = match reshard::settings::MigrationSettings::default().to_json() {
+        serde_json::Value::Object(m) => m.keys().cloned().collect(),
+        other => panic!("{other}"),
+    };
+    // A typed name is the stored one, or the stored one without its unit; the latency budget
+    // is typed once (`25ms` or `1.3x`) and stored as its two forms.
+    let is_stored = |name: &str| {
+        stored.iter().any(|s| {
+            s == name
+                || ["_ms", "_secs", "_factor"]
+                    .iter()
+                    .any(|unit| s.strip_suffix(unit) == Some(name))
+        })
+    };
+    let schema = reshard::spec::playbook::schema();
+    let schema = serde_json::to_value(&schema).unwrap();
+    let properties = |name: &str| -> Vec<String> {
+        let props = schema["$defs"][name]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("no {name} in the schema"));
+        props.keys().cloned().collect()
+    };
+    let settings = properties("SettingsDoc");
+    for key in &settings {
+        assert!(
+            is_stored(key),
+            "playbook settings.{key} is not a stored setting's name"
+        );
+    }
+    // What a step overrides of the settings is called as in `settings`; `workers` and
+    // `lease_ttl` are the step's own.
+    for key in properties("WorkersDoc") {
+        if key != "workers" && key != "lease_ttl" {
+            assert!(
+                settings.contains(&key),
+                "step option {key} is not a setting's name"
+            );
+        }
+    }
+    let cli = reshard::cli::Cli::command();
+    for path in [["throttle", "set"], ["migration", "configure"]] {
+        let command = cli
+            .find_subcommand(path[0])
+            .and_then(|c| c.find_subcommand(path[1]))
+            .unwrap();
+        for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
+            let Some(long) = arg.get_long() else { continue };
+            let name = long.replace('-', "_");
+            let own = [
+                "reason",
+                "dry_run",
+                "keep_empty_source",
+                "output",
+                "log_format",
+                "actor",
+            ];
+            if own.contains(&name.as_str()) || arg.is_global_set() {
+                continue;
+            }
+            assert!(
+                is_stored(&name),
+                "reshard {} --{long} is not a stored setting's name",
+                path.join(" ")
+            );
+        }
+    }
 }

@@ -177,6 +177,15 @@ pub enum MigrationCommand {
         /// other side off the application's latency path and compare, in dual_read through
         /// reconcile; mismatches hold the reconcile gate shut (default 0: off).
         #[arg(long, value_name = "PERCENT")]
+        shadow_read_percent: Option<f64>,
+        /// The old name of `--shadow-read-percent` (deprecated: accepted until 0.2, with a
+        /// warning).
+        #[arg(
+            long,
+            value_name = "PERCENT",
+            hide = true,
+            conflicts_with = "shadow_read_percent"
+        )]
         shadow_reads: Option<f64>,
         /// Why, for the event log.
         #[arg(long)]

@@ -4,8 +4,6 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use super::parse::*;
-
 #[derive(Debug, Subcommand)]
 pub enum PlaybookCommand {
     /// Check a playbook: every problem at once, each with file:line:column; exit 2 on any.
@@ -28,10 +26,8 @@ pub struct RunArgs {
     /// elsewhere, with `reshard worker`).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub workers: u16,
-    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
-    /// (`localhost:9000`, `10.0.0.5:9000`; `:9000` listens on every interface).
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
-    pub metrics_addr: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub metrics: super::work::MetricsArg,
 }
 
 #[derive(Debug, Args)]

@@ -72,9 +72,8 @@ pub struct FrontArgs {
     /// default, ten minutes, unless given.
     #[arg(long, value_parser = parse_lease_ttl, value_name = "DURATION")]
     pub lease_ttl: Option<Duration>,
-    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs.
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
-    pub metrics_addr: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub metrics: super::work::MetricsArg,
 }
 
 #[derive(Debug, Subcommand)]

@@ -26,23 +26,17 @@ pub struct ReconcileArgs {
     /// Continue the unfinished full run RUN (after a crash, or to help another process).
     #[arg(long, value_name = "RUN")]
     pub resume: Option<i64>,
-    /// Partitions verified at once by this process (full runs).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub concurrency: u16,
-    /// How long a verify partition's lease lasts without a heartbeat (full runs; 2s to 1h);
-    /// another process resumes it after that.
-    #[arg(long, default_value = "30s", value_parser = parse_lease_ttl, value_name = "DURATION")]
-    pub lease_ttl: Duration,
+    /// Full runs: verify partitions are leased as the workers' partitions are.
+    #[command(flatten)]
+    pub leased: LeasedArgs,
     /// How samples are grouped.
     #[arg(long, value_enum, default_value_t = StratifyArg::Shard)]
     pub stratify: StratifyArg,
     /// How long to wait before findings are checked again (a write in flight is no defect).
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub recheck_delay: Duration,
-    /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
-    /// (full runs).
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]
-    pub metrics_addr: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub metrics: MetricsArg,
     /// Print every stratum and finding, not the first 20 of each (JSON output always has
     /// every one).
     #[arg(long)]
@@ -86,20 +80,35 @@ pub struct WorkerArgs {
         conflicts_with = "id"
     )]
     pub migration_flag: Option<i64>,
-    /// Partitions worked on at once.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub concurrency: u16,
+    #[command(flatten)]
+    pub leased: LeasedArgs,
     /// Exit once the migration's current task (backfill, cleanup or copy back) is done instead
     /// of waiting for more work.
     #[arg(long)]
     pub exit_when_done: bool,
-    /// How long a partition lease lasts without a heartbeat (2s to 1h); another worker takes
-    /// over after that.
-    #[arg(long, default_value = "30s", value_parser = parse_lease_ttl, value_name = "DURATION")]
-    pub lease_ttl: Duration,
     /// The worker's name in leases and status (default: host:pid).
     #[arg(long)]
     pub name: Option<String>,
+    #[command(flatten)]
+    pub metrics: MetricsArg,
+}
+
+/// How a process works on leased partitions (`reshard worker`, `reshard reconcile --full`):
+/// one declaration for both.
+#[derive(Debug, Args)]
+pub struct LeasedArgs {
+    /// Partitions this process works on at once (1 to 64).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
+    /// How long a partition's lease lasts without a heartbeat (2s to 1h); another process
+    /// takes the partition over after that.
+    #[arg(long, default_value = "30s", value_parser = parse_lease_ttl, value_name = "DURATION")]
+    pub lease_ttl: Duration,
+}
+
+/// `--metrics-addr`, as every long-running command takes it.
+#[derive(Debug, Args)]
+pub struct MetricsArg {
     /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (and `/healthz`) while it runs
     /// (`localhost:9000`, `10.0.0.5:9000`; `:9000` listens on every interface).
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen_addr)]

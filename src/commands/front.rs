@@ -45,7 +45,7 @@ pub async fn run(
         }
         (None, None) => None,
     };
-    if let Some(addr) = args.metrics_addr {
+    if let Some(addr) = args.metrics.metrics_addr {
         super::exporter::serve(addr).await?;
     }
     // Everything the front needs is read and checked before it listens.

@@ -151,12 +151,18 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             max_misplaced,
             cleanup_waves,
             drop_empty_source,
+            shadow_read_percent,
             shadow_reads,
             keep_empty_source,
             documents_per_partition,
             reason,
             dry_run,
         } => {
+            if shadow_reads.is_some() {
+                let (old, new) = crate::vocabulary::renamed_flag("--shadow-reads");
+                super::warn_deprecated(old, old, new);
+            }
+            let shadow_read_percent = shadow_read_percent.or(shadow_reads);
             if documents_per_partition.is_some() {
                 let m = ctx.store.migration(id).await?;
                 if let Some(at) = m.backfill_planned_at {
@@ -201,7 +207,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
                         if let Some(v) = drop_empty_source {
                             s.drop_empty_source = v;
                         }
-                        if let Some(v) = shadow_reads {
+                        if let Some(v) = shadow_read_percent {
                             s.shadow_read_percent = v;
                         }
                         if let Some(v) = documents_per_partition {

@@ -23,7 +23,7 @@ pub fn read(file: &Path) -> Result<Playbook> {
     let shown = file.display().to_string();
     let text = std::fs::read_to_string(file)
         .map_err(|e| Error::bad_input(format!("{shown}: cannot read: {e}")))?;
-    parse_playbook(&shown, &text).map_err(|errors| {
+    let pb = parse_playbook(&shown, &text).map_err(|errors| {
         Error::bad_input(
             errors
                 .iter()
@@ -31,7 +31,11 @@ pub fn read(file: &Path) -> Result<Playbook> {
                 .collect::<Vec<_>>()
                 .join("\n"),
         )
-    })
+    })?;
+    for old in &pb.deprecations {
+        tracing::warn!(deprecated = %old.path, "{old}");
+    }
+    Ok(pb)
 }
 
 pub fn run(format: OutputFormat, cmd: PlaybookCommand) -> Result<()> {
@@ -99,7 +103,7 @@ fn workers(n: Option<usize>) -> String {
 
 pub async fn run_file(ctx: &Ctx, args: RunArgs) -> Result<()> {
     let pb = read(&args.file)?;
-    if let Some(addr) = args.metrics_addr {
+    if let Some(addr) = args.metrics.metrics_addr {
         super::exporter::serve(addr).await?;
     }
     let progress = Arc::new(Screen::new(ctx.output));

@@ -20,7 +20,7 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
     let id = args
         .id
         .ok_or_else(|| Error::bad_input("give the migration id"))?;
-    if let Some(addr) = args.metrics_addr {
+    if let Some(addr) = args.metrics.metrics_addr {
         if !args.full {
             return Err(Error::bad_input(
                 "--metrics-addr serves a full run's metrics: add --full (a sampled run is short)",
@@ -41,8 +41,8 @@ pub async fn run(ctx: &Ctx, args: ReconcileArgs) -> Result<()> {
             ..ReconcileOptions::default()
         },
         resume: args.resume,
-        concurrency: args.concurrency as usize,
-        lease_ttl: args.lease_ttl,
+        concurrency: args.leased.concurrency as usize,
+        lease_ttl: args.leased.lease_ttl,
         owner: format!(
             "{}:{} (reconcile)",
             identity::hostname(),

@@ -232,7 +232,7 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
             format!(
                 "{:.0} / {:.0} docs/s",
                 not_negative(t["applied_docs_per_sec"].as_f64().unwrap_or(0.0)),
-                t["configured_docs_per_sec"].as_f64().unwrap_or(0.0)
+                t["max_docs_per_sec"].as_f64().unwrap_or(0.0)
             ),
         ),
         (
@@ -664,7 +664,7 @@ fn facts_line(v: &serde_json::Value) -> String {
     format!(
         "rate {:.0}/{:.0} docs/s | routers {}, p99 {} | dead letters {} | findings {} | bypasses {}",
         not_negative(t["applied_docs_per_sec"].as_f64().unwrap_or(0.0)),
-        t["configured_docs_per_sec"].as_f64().unwrap_or(0.0),
+        t["max_docs_per_sec"].as_f64().unwrap_or(0.0),
         routers_text(v),
         worst_p99(v).map_or("-".to_owned(), |p| format!("{p:.1} ms")),
         v["backfill"]["dead_letters_open"],

@@ -13,7 +13,7 @@ use crate::output;
 use crate::worker::{Worker, WorkerConfig};
 
 pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
-    if let Some(addr) = args.metrics_addr {
+    if let Some(addr) = args.metrics.metrics_addr {
         super::exporter::serve(addr).await?;
     }
     let migration = args.migration();
@@ -25,9 +25,9 @@ pub async fn run(ctx: &Ctx, args: WorkerArgs) -> Result<()> {
         .unwrap_or_else(|| format!("{}:{}", crate::identity::hostname(), std::process::id()));
     let mut config = WorkerConfig::new(name.clone());
     config.migration = migration;
-    config.concurrency = usize::from(args.concurrency);
+    config.concurrency = usize::from(args.leased.concurrency);
     config.exit_when_done = args.exit_when_done;
-    config.lease_ttl = args.lease_ttl;
+    config.lease_ttl = args.leased.lease_ttl;
     config.actor = format!("{} (worker {name})", ctx.actor);
     let config_actor = config.actor.clone();
     let worker = Worker::connect(ctx.store.clone(), config).await?;

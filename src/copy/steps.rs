@@ -187,9 +187,52 @@ pub fn purge_filter<D: std::fmt::Debug, U: std::fmt::Debug>(
     }
 }
 
+/// The side a read step ([`Step::Find`]) reads: where a worker that reads by scans (cleanup's
+/// lookup, [`crate::protocol::cleanup_lookup_step`]) opens them. Any other step is refused.
+pub fn read_side<D: std::fmt::Debug, U: std::fmt::Debug>(
+    step: &Step<D, U>,
+) -> Result<Side, String> {
+    match step {
+        Step::Find(side) => Ok(*side),
+        other => Err(format!("{other:?} is not a read")),
+    }
+}
+
+/// The filter of a step the protocol leaves to run at one named location, for one id, rather
+/// than where the layouts route it: a bypass's leftover ([`crate::protocol::bypass_leftover_step`]).
+/// Any other step is refused.
+pub fn at_location_filter<D: std::fmt::Debug, U: std::fmt::Debug>(
+    step: &Step<D, U>,
+    id: &Bson,
+) -> Result<Document, String> {
+    match step {
+        Step::DeleteUnmarked(_) => Ok(envelope::unmarked_of(id)),
+        other => Err(format!("{other:?} does not run at a named location")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cleanup_looks_its_documents_up_in_the_target() {
+        let lookup = crate::protocol::cleanup_lookup_step::<(), ()>();
+        assert_eq!(read_side(&lookup), Ok(Side::Target));
+        assert!(read_side(&Step::<(), ()>::Delete(Side::Target)).is_err());
+    }
+
+    #[test]
+    fn a_bypass_leftover_deletes_the_id_only_without_the_envelope() {
+        use mongodb::bson::doc;
+        let id = Bson::String("o-1".into());
+        let step = crate::protocol::bypass_leftover_step::<(), ()>(Side::Target).unwrap();
+        assert_eq!(
+            at_location_filter(&step, &id),
+            Ok(doc! { "_id": "o-1", envelope::META: { "$exists": false } })
+        );
+        assert!(at_location_filter(&Step::<(), ()>::Delete(Side::Target), &id).is_err());
+    }
 
     #[test]
     fn a_purge_deletes_tombstones_only_and_nothing_else_is_a_purge() {

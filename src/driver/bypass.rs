@@ -12,10 +12,11 @@ use mongodb::bson::{doc, Bson, Document};
 
 use super::Driver;
 use crate::bypass::{Operation, Resolution, Role};
-use crate::envelope::{self, META};
+use crate::envelope;
 use crate::error::{Error, Result};
 use crate::ids;
 use crate::phase::Phase;
+use crate::protocol::{self, Side};
 use crate::router::{Router, RouterConfig};
 use crate::routing::{Location, RoutingVersion};
 use crate::shards::Shards;
@@ -210,13 +211,18 @@ async fn recopy(driver: &Driver, id: i64, b: &Bypass) -> Result<String> {
                     .find(|(l, _)| l == &here)
                     .map(|(_, r)| r);
                 let mut outcome = format!("written through the router in {}", m.phase());
-                if role == Some(Role::Target) {
-                    // The plain document stays only where the router did not put its own.
+                // A collection both layouts use is judged as a source: the router's write
+                // took the id's own place in it.
+                let side = role.map(|r| match r {
+                    Role::Target => Side::Target,
+                    Role::Source | Role::Shared => Side::Source,
+                });
+                // The plain document stays only where the router did not put its own.
+                if let Some(step) = side.and_then(protocol::bypass_leftover_step::<(), ()>) {
+                    let filter = crate::copy::steps::at_location_filter(&step, &doc_id)
+                        .map_err(|e| failed(&e))?;
                     let stray = shards
-                        .delete_one(
-                            &here,
-                            doc! { "_id": doc_id.clone(), META: { "$exists": false } },
-                        )
+                        .delete_one(&here, filter)
                         .await
                         .map_err(|e| failed(&e))?;
                     if stray {

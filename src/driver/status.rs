@@ -267,6 +267,8 @@ pub async fn snapshot(
             "shards": shards,
         },
         "throttle": {
+            "max_docs_per_sec": settings.max_docs_per_sec,
+            // The old name of `max_docs_per_sec`, kept beside it until 0.2 (glossary).
             "configured_docs_per_sec": settings.max_docs_per_sec,
             "applied_docs_per_sec": applied,
             "latency_budget_ms": crate::throttle::latency_budget_ms(
@@ -291,6 +293,8 @@ pub async fn snapshot(
             "documents_scanned": cleanup.scanned,
             "documents_deleted": cleanup.deleted,
             "documents_kept": cleanup.kept,
+            "cleanup_waves": settings.cleanup_waves,
+            // The old name of `cleanup_waves`, kept beside it until 0.2.
             "waves": settings.cleanup_waves,
             "wave": wave.map(|w| json!({
                 "number": w.number,
@@ -320,6 +324,8 @@ pub async fn snapshot(
             })).collect::<Vec<_>>(),
         },
         "shadow_reads": {
+            "shadow_read_percent": settings.shadow_read_percent,
+            // The old name of `shadow_read_percent`, kept beside it until 0.2.
             "percent": settings.shadow_read_percent,
             "reads_compared": shadow.compared,
             "mismatches": shadow.mismatches,

@@ -96,7 +96,8 @@ pub fn listed_location<'a, L, D, U>(
         | Step::UpdateLive(..)
         | Step::Delete(_)
         | Step::DeleteLive(_)
-        | Step::DeleteTombstone(_) => at(holder, Answer::Matched(false)),
+        | Step::DeleteTombstone(_)
+        | Step::DeleteUnmarked(_) => at(holder, Answer::Matched(false)),
     }
 }
 

@@ -48,11 +48,12 @@ pub use operation::{
 };
 pub use query::{cursor_continues, query_answer, query_plan, QueryPlan};
 pub use workers::{
-    applied_pending_deletes, backfill_action, cleanup_action, cleanup_decision,
-    cleanup_delete_step, cleanup_lookup_step, copy_result, copy_step, mirror_is_newer,
-    purge_tombstone_step, repair_action, repair_copy_step, repair_next, repair_replace_step,
-    revert_action, revert_copy_step, BackfillAction, BatchWindow, CleanupAction, CleanupDecision,
-    CopyResult, MirrorSource, RepairAction, RepairNext, Repaired, RevertAction,
+    applied_pending_deletes, backfill_action, bypass_leftover_step, cleanup_action,
+    cleanup_decision, cleanup_delete_step, cleanup_lookup_step, copy_result, copy_step,
+    mirror_is_newer, purge_tombstone_step, repair_action, repair_copy_step, repair_next,
+    repair_replace_step, revert_action, revert_copy_step, BackfillAction, BatchWindow,
+    CleanupAction, CleanupDecision, CopyResult, MirrorSource, RepairAction, RepairNext, Repaired,
+    RevertAction,
 };
 
 /// A document a step writes. The executor materialises it: the product stamps `_reshard`
@@ -110,6 +111,10 @@ pub enum Step<D, U> {
     /// Replace the document only if it is a live pristine copy (written by a copier and by no
     /// one since): a repair's second try. Answered by [`Answer::Matched`].
     ReplaceCopy(Side, Payload<D>),
+    /// Delete the document only if it carries no envelope (no `_reshard`): a plain document
+    /// no router, copier or mirror wrote, as a bypass leaves one. Answered by
+    /// [`Answer::Matched`].
+    DeleteUnmarked(Side),
     /// Carry the target's document of the id (live or tombstone) to the source, unless the
     /// source already holds an equal or higher revision. Two single-document operations, in
     /// this order: read the target document with its revision `r` (absent: nothing to do,

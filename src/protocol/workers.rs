@@ -47,6 +47,16 @@ pub fn purge_tombstone_step<D, U>(side: Side) -> Step<D, U> {
     Step::DeleteTombstone(side)
 }
 
+/// What a bypass's recopy leaves to do where the bypass wrote, once the document was written
+/// again through a router: at a target location, delete the plain document the bypass wrote
+/// unless the router's own (enveloped) write is what stands there now; the router's write
+/// went where the target layout puts the id, which need not be where the bypass wrote. At a
+/// source location nothing: the router replaced the document in place, or the source layout
+/// does not hold it.
+pub fn bypass_leftover_step<D, U>(side: Side) -> Option<Step<D, U>> {
+    (side == Side::Target).then_some(Step::DeleteUnmarked(Side::Target))
+}
+
 /// The revert copier's one step per target id: carry the target document back to the source
 /// by revision. It must start only once every live router acknowledged `reverting` (a router
 /// still in an earlier epoch writes the target without mirroring, and the copier may have
@@ -383,6 +393,15 @@ impl<T> BatchWindow<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recopied_bypass_leaves_its_plain_document_to_delete_only_at_a_target_location() {
+        assert_eq!(
+            bypass_leftover_step::<(), ()>(Side::Target),
+            Some(Step::DeleteUnmarked(Side::Target))
+        );
+        assert_eq!(bypass_leftover_step::<(), ()>(Side::Source), None);
+    }
 
     #[test]
     fn a_repair_copies_what_moves_stamps_what_stays_and_leaves_the_rest() {

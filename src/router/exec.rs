@@ -353,6 +353,7 @@ async fn execute(
         }
         Step::DeleteLive(_) => delete(live).await?,
         Step::DeleteTombstone(_) => delete(tombstone).await?,
+        Step::DeleteUnmarked(_) => delete(envelope::unmarked_of(keys.id)).await?,
         Step::MirrorToSource => unreachable!("handled above"),
     })
 }
@@ -576,6 +577,7 @@ fn step_event<D, U>(step: &Step<D, U>, side: Side) -> super::StepEvent {
         Step::Delete(_) => ("delete", None),
         Step::DeleteLive(_) => ("delete_live", None),
         Step::DeleteTombstone(_) => ("delete_tombstone", None),
+        Step::DeleteUnmarked(_) => ("delete_unmarked", None),
         Step::MirrorToSource => ("mirror_to_source", None),
     };
     super::StepEvent {
@@ -595,7 +597,8 @@ fn step_side<D, U>(step: &Step<D, U>) -> Side {
         | Step::UpdateLive(s, _)
         | Step::Delete(s)
         | Step::DeleteLive(s)
-        | Step::DeleteTombstone(s) => *s,
+        | Step::DeleteTombstone(s)
+        | Step::DeleteUnmarked(s) => *s,
         Step::MirrorToSource => Side::Source,
     }
 }

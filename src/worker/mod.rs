@@ -189,6 +189,13 @@ impl Shared {
     fn writer(&self) -> BulkWriter {
         self.writer.lock().unwrap().clone()
     }
+    /// The layout of one side of the migration.
+    fn layout(&self, side: crate::protocol::Side) -> &RoutingVersion {
+        match side {
+            crate::protocol::Side::Source => &self.from,
+            crate::protocol::Side::Target => &self.to,
+        }
+    }
 }
 
 /// How one partition's work ended.

@@ -329,16 +329,22 @@ impl Worker {
             let (shared, limit) = (shared.clone(), limit.clone());
             Arc::new(move || shared.batch_size().min(limit.load(Ordering::Relaxed)))
         };
-        // Cleanup looks its documents up in the target locations' own scans of the range.
-        // Every scan is opened at once: a server may answer a sorted query only once it has
-        // read the whole range (the local stand-in does), and those waits should overlap.
+        // Cleanup looks its documents up (the protocol's lookup step, on the side it names:
+        // the target) in that side's locations' own scans of the range. Every scan is opened
+        // at once: a server may answer a sorted query only once it has read the whole range
+        // (the local stand-in does), and those waits should overlap.
         let targets: Vec<Location> = match shared.task {
-            Task::Cleanup => shared
-                .to
-                .locations()
-                .into_iter()
-                .filter(|t| *t != location)
-                .collect(),
+            Task::Cleanup => {
+                let lookup = protocol::cleanup_lookup_step::<(), ()>();
+                let side = crate::copy::steps::read_side(&lookup)
+                    .expect("cleanup's lookup step is a read");
+                shared
+                    .layout(side)
+                    .locations()
+                    .into_iter()
+                    .filter(|t| *t != location)
+                    .collect()
+            }
             _ => Vec::new(),
         };
         let projection = doc! { "_id": 1, format!("{}.deleted", envelope::META): 1 };

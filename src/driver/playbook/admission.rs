@@ -38,12 +38,17 @@ pub(super) async fn check_edits(
     content: &serde_json::Value,
     dry_run: bool,
 ) -> Result<()> {
-    if &row.content == content {
+    // Content pinned before a step option was renamed reads with today's names: the same
+    // file is not an edit.
+    let pinned_content = crate::spec::playbook::with_current_names(&row.content);
+    if &pinned_content == content {
         return Ok(());
     }
     let steps = driver.store.playbook_steps(&pb.doc.name).await?;
-    let pinned: Vec<serde_json::Value> =
-        row.content["steps"].as_array().cloned().unwrap_or_default();
+    let pinned: Vec<serde_json::Value> = pinned_content["steps"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let now: Vec<serde_json::Value> = content["steps"].as_array().cloned().unwrap_or_default();
     for s in steps.iter().filter(|s| s.finished_at.is_some()) {
         let i = s.position as usize;
@@ -58,7 +63,7 @@ pub(super) async fn check_edits(
             )));
         }
     }
-    let described = diff(&pretty(Some(&row.content)), &pretty(Some(content)));
+    let described = diff(&pretty(Some(&pinned_content)), &pretty(Some(content)));
     if !dry_run {
         driver
             .store

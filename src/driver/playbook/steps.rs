@@ -272,10 +272,10 @@ pub(super) async fn run_task(
 /// A step's throttle overrides, applied to the migration's settings.
 pub(super) async fn apply_step_settings(driver: &Driver, id: i64, w: &Workers) -> Result<()> {
     if w.batch_size.is_none()
-        && w.rate.is_none()
-        && w.in_flight.is_none()
-        && w.latency_target.is_none()
-        && w.waves.is_none()
+        && w.max_docs_per_sec.is_none()
+        && w.max_in_flight_per_shard.is_none()
+        && w.target_batch_latency.is_none()
+        && w.cleanup_waves.is_none()
     {
         return Ok(());
     }
@@ -287,17 +287,17 @@ pub(super) async fn apply_step_settings(driver: &Driver, id: i64, w: &Workers) -
                 if let Some(v) = w.batch_size {
                     s.batch_size = v;
                 }
-                if let Some(v) = w.rate {
+                if let Some(v) = w.max_docs_per_sec {
                     s.max_docs_per_sec = v;
                 }
-                if let Some(v) = w.in_flight {
+                if let Some(v) = w.max_in_flight_per_shard {
                     s.max_in_flight_per_shard = v;
                 }
                 // Whole milliseconds: the playbook's check refuses anything else.
-                if let Some(v) = w.latency_target {
+                if let Some(v) = w.target_batch_latency {
                     s.target_batch_latency_ms = v.as_millis() as u64;
                 }
-                if let Some(v) = w.waves {
+                if let Some(v) = w.cleanup_waves {
                     s.cleanup_waves = v;
                 }
             },
@@ -340,7 +340,7 @@ pub(super) async fn reconcile(
         options: ReconcileOptions {
             sample: r.sample,
             full: r.full,
-            stratify: match r.strata {
+            stratify: match r.stratify {
                 StrataDoc::Shard => Stratify::Shard,
                 StrataDoc::Tenant => Stratify::Tenant,
                 StrataDoc::Bucket => Stratify::Bucket,

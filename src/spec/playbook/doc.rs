@@ -301,26 +301,26 @@ pub struct WorkersDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100000))]
     pub batch_size: Option<usize>,
-    /// Documents per second across all workers while the step runs.
+    /// Documents per second across all workers while the step runs (was `rate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
-    pub rate: Option<f64>,
-    /// Write commands in flight per target shard, per worker.
+    pub max_docs_per_sec: Option<f64>,
+    /// Write commands in flight per target shard, per worker (was `in_flight`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 64))]
-    pub in_flight: Option<usize>,
-    /// A batch slower than this halves the rate.
+    pub max_in_flight_per_shard: Option<usize>,
+    /// A batch slower than this halves the rate (was `latency_target`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-duration" = true))]
-    pub latency_target: Option<String>,
+    pub target_batch_latency: Option<String>,
     /// How long a worker's partition lease lasts without a heartbeat (default `30s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-duration" = true))]
     pub lease_ttl: Option<String>,
-    /// Cleanup: cumulative wave percentages, e.g. `[1, 10, 100]`.
+    /// Cleanup: cumulative wave percentages, e.g. `[1, 10, 100]` (was `waves`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 3, max = 3), inner(range(min = 0, max = 100)))]
-    pub waves: Option<Vec<f64>>,
+    pub cleanup_waves: Option<Vec<f64>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
@@ -330,9 +330,10 @@ pub struct ReconcileDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100000))]
     pub sample: Option<usize>,
-    /// How samples are grouped (default `shard`).
+    /// How samples are grouped (default `shard`), as `reshard reconcile --stratify` (was
+    /// `strata`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub strata: Option<StrataDoc>,
+    pub stratify: Option<StrataDoc>,
     /// How long to wait before findings are checked again (default `2s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-duration" = true))]

@@ -40,10 +40,12 @@
 //! ```
 
 mod doc;
+mod renamed;
 mod resolve;
 mod shape;
 
 pub use doc::*;
+pub use renamed::with_current_names;
 pub use resolve::forward_rank;
 
 use std::time::Duration;
@@ -74,6 +76,9 @@ pub struct Playbook {
     /// The hooks it declares.
     pub hooks: Vec<crate::hooks::NewHook>,
     pub steps: Vec<Step>,
+    /// Where the file uses an old name of a step option, located, each saying the new name
+    /// ([`crate::vocabulary::RENAMED_PLAYBOOK_KEYS`]; accepted until 0.2).
+    pub deprecations: Vec<SpecError>,
 }
 
 /// One per playbook: the size of the declared layout does not matter.
@@ -138,16 +143,16 @@ pub struct Workers {
     pub workers: Option<usize>,
     pub lease_ttl: Duration,
     pub batch_size: Option<usize>,
-    pub rate: Option<f64>,
-    pub in_flight: Option<usize>,
-    pub latency_target: Option<Duration>,
-    pub waves: Option<[f64; 3]>,
+    pub max_docs_per_sec: Option<f64>,
+    pub max_in_flight_per_shard: Option<usize>,
+    pub target_batch_latency: Option<Duration>,
+    pub cleanup_waves: Option<[f64; 3]>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reconcile {
     pub sample: usize,
-    pub strata: StrataDoc,
+    pub stratify: StrataDoc,
     pub recheck_delay: Duration,
     pub full: bool,
     pub repair: bool,
@@ -242,7 +247,7 @@ pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>
         );
         return Err(located(p));
     }
-    let json = match serde_json::to_value(&value) {
+    let mut json = match serde_json::to_value(&value) {
         Ok(json) => json,
         Err(e) => {
             let mut p = Problems::default();
@@ -250,7 +255,27 @@ pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>
             return Err(located(p));
         }
     };
-    let shape = shape_problems(&json);
+    // Old names of step options read as the new ones; every problem is then told where the
+    // file has it.
+    let renaming = renamed::rename(&mut json);
+    let located = |problems: Problems| {
+        located(Problems(
+            problems
+                .0
+                .into_iter()
+                .map(|(path, message)| (renaming.in_file(&path), message))
+                .collect(),
+        ))
+    };
+    let mut shape = shape_problems(&json);
+    for (path, old, new) in &renaming.both {
+        shape.add(
+            path.clone(),
+            format!("`{old}` is the old name of `{new}`, which the step gives too: keep `{new}`"),
+        );
+    }
+    let mut value = value;
+    renamed::rename_yaml(&mut value, &renaming);
     let doc: PlaybookDoc = match serde_yaml::from_value(value) {
         Ok(doc) => doc,
         // A shape the types cannot read (a wrong type, an unknown or missing field): the
@@ -269,7 +294,20 @@ pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>
     let mut problems = Problems::default();
     let playbook = resolve(doc, &mut problems);
     match playbook {
-        Some(playbook) if problems.0.is_empty() && shape.0.is_empty() => Ok(playbook),
+        Some(mut playbook) if problems.0.is_empty() && shape.0.is_empty() => {
+            playbook.deprecations = renaming
+                .renamed
+                .iter()
+                .map(|r| {
+                    locator.error(
+                        file,
+                        r.old_path.clone(),
+                        crate::vocabulary::deprecation(r.old, r.new),
+                    )
+                })
+                .collect();
+            Ok(playbook)
+        }
         _ => Err(located(merged(shape, problems))),
     }
 }
@@ -348,6 +386,56 @@ target:
         assert!(all.contains("exactly one kind"), "{all}");
         // Located: the line of the offending step.
         assert!(errors.iter().all(|e| e.line.is_some()), "{all}");
+    }
+
+    #[test]
+    fn old_names_of_step_options_read_as_the_new_ones_with_a_located_warning() {
+        let steps = |rate: &str, strata: &str, waves: &str| {
+            format!(
+                "{MINIMAL}steps:\n  - advance: dual_read\n  - advance: write_switch\n  \
+                 - backfill: {{{rate}: 500, workers: 1}}\n  - reconcile: {{{strata}: tenant}}\n  \
+                 - advance: new_reads\n  - cleanup: {{{waves}: [5, 50, 100]}}\n"
+            )
+        };
+        let new = parse_playbook(
+            "p.yaml",
+            &steps("max_docs_per_sec", "stratify", "cleanup_waves"),
+        )
+        .unwrap();
+        assert!(new.deprecations.is_empty());
+        let old = parse_playbook("p.yaml", &steps("rate", "strata", "waves")).unwrap();
+        assert_eq!(old.steps, new.steps);
+        assert_eq!(old.doc, new.doc, "pinned as written with the new names");
+        let Action::Backfill(w) = &new.steps[2].action else {
+            panic!("{:?}", new.steps[2])
+        };
+        assert_eq!(w.max_docs_per_sec, Some(500.0));
+        let warnings: Vec<String> = old.deprecations.iter().map(|d| d.to_string()).collect();
+        assert_eq!(
+            warnings,
+            [
+                "p.yaml:16:5: steps[2].backfill.rate: `rate` is deprecated and goes in 0.2: use \
+                 `max_docs_per_sec`",
+                "p.yaml:17:5: steps[3].reconcile.strata: `strata` is deprecated and goes in 0.2: \
+                 use `stratify`",
+                "p.yaml:19:5: steps[5].cleanup.waves: `waves` is deprecated and goes in 0.2: use \
+                 `cleanup_waves`",
+            ]
+        );
+        // A problem of an old key is told where the file has it, under its old name.
+        let bad = steps("rate", "strata", "waves").replace("[5, 50, 100]", "[50, 5, 100]");
+        let errors = parse_playbook("p.yaml", &bad).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "steps[5].cleanup.waves");
+        // Both names in one step: refused, saying which to keep.
+        let both =
+            steps("rate", "strata", "waves").replace("rate: 500", "rate: 500, max_docs_per_sec: 9");
+        let errors = parse_playbook("p.yaml", &both).unwrap_err();
+        assert!(
+            errors.iter().any(|e| e.path == "steps[2].backfill.rate"
+                && e.message.contains("keep `max_docs_per_sec`")),
+            "{errors:?}"
+        );
     }
 
     #[test]

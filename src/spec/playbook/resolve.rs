@@ -189,17 +189,17 @@ pub(super) fn workers(doc: &WorkersDoc, path: &str, problems: &mut Problems) -> 
             problems,
         ),
         batch_size: doc.batch_size,
-        rate: doc.rate,
-        in_flight: doc.in_flight,
-        latency_target: doc.latency_target.as_ref().and_then(|t| {
+        max_docs_per_sec: doc.max_docs_per_sec,
+        max_in_flight_per_shard: doc.max_in_flight_per_shard,
+        target_batch_latency: doc.target_batch_latency.as_ref().and_then(|t| {
             whole_duration(
                 t,
-                &child(path, "latency_target"),
+                &child(path, "target_batch_latency"),
                 crate::duration::Unit::Milliseconds,
                 problems,
             )
         }),
-        waves: waves(&doc.waves, &child(path, "waves"), problems),
+        cleanup_waves: waves(&doc.cleanup_waves, &child(path, "cleanup_waves"), problems),
     }
 }
 
@@ -424,7 +424,7 @@ pub(super) fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<P
             }
             StepKindDoc::Reconcile(r) => Action::Reconcile(Reconcile {
                 sample: r.sample.unwrap_or(100),
-                strata: r.strata.unwrap_or(StrataDoc::Shard),
+                stratify: r.stratify.unwrap_or(StrataDoc::Shard),
                 recheck_delay: opt_duration(
                     &r.recheck_delay,
                     &format!("{path}.reconcile.recheck_delay"),
@@ -523,6 +523,7 @@ pub(super) fn resolve(mut doc: PlaybookDoc, problems: &mut Problems) -> Option<P
         settings: settings?,
         hooks,
         steps,
+        deprecations: Vec::new(),
     })
 }
 
