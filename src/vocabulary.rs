@@ -9,8 +9,16 @@ use serde_json::Value;
 /// `run`'s results and the routers' shadow stats called it `migration`. Why a migration failed
 /// is `failure_reason`, as in its row; `migration status`, hooks' payloads and phase-change
 /// events called it `failure`.
-pub const RENAMED_KEYS: &[(&str, &str)] =
-    &[("migration", "migration_id"), ("failure", "failure_reason")];
+/// A setting is called by its name in `migration status` too: its `throttle`, `cleanup` and
+/// `shadow_reads` objects called three of them `configured_docs_per_sec`, `waves` and
+/// `percent`.
+pub const RENAMED_KEYS: &[(&str, &str)] = &[
+    ("migration", "migration_id"),
+    ("failure", "failure_reason"),
+    ("configured_docs_per_sec", "max_docs_per_sec"),
+    ("waves", "cleanup_waves"),
+    ("percent", "shadow_read_percent"),
+];
 
 /// Command words renamed, as (old, new): nouns are singular, and what takes a registration away
 /// is `remove` (`shard remove`, `hook remove`, `router remove`).

@@ -183,13 +183,17 @@ pub enum Command {
 
 impl Command {
     /// The old words of this command line and the words that replace them, when it uses a
-    /// deprecated name ([`crate::vocabulary::RENAMED_COMMANDS`]).
+    /// deprecated name ([`crate::vocabulary::RENAMED_COMMANDS`], [`crate::vocabulary::RENAMED_FLAGS`]).
     pub fn deprecated_words(&self) -> Option<(&'static str, &'static str)> {
         use crate::vocabulary::renamed_command as renamed;
         match self {
             Command::Routers(RouterCommand::Forget(_)) => Some(renamed("routers forget")),
             Command::Routers(_) => Some(renamed("routers")),
             Command::Router(RouterCommand::Forget(_)) => Some(renamed("router forget")),
+            Command::Migration(MigrationCommand::Configure {
+                shadow_reads: Some(_),
+                ..
+            }) => Some(crate::vocabulary::renamed_flag("--shadow-reads")),
             _ => None,
         }
     }

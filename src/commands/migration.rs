@@ -158,10 +158,7 @@ pub async fn run(ctx: &Ctx, cmd: MigrationCommand) -> Result<()> {
             reason,
             dry_run,
         } => {
-            if shadow_reads.is_some() {
-                let (old, new) = crate::vocabulary::renamed_flag("--shadow-reads");
-                super::warn_deprecated(old, old, new);
-            }
+            // The old flag warns with the other old names (`cli::Command::deprecated_words`).
             let shadow_read_percent = shadow_read_percent.or(shadow_reads);
             if documents_per_partition.is_some() {
                 let m = ctx.store.migration(id).await?;

@@ -273,7 +273,7 @@ fn print_text(snap: &Snapshot, workers: &[WorkerRow]) {
     output::fields(&fields);
     let sh = &v["shadow_reads"];
     let compared = sh["reads_compared"].as_i64().unwrap_or(0);
-    let percent = sh["percent"].as_f64().unwrap_or(0.0);
+    let percent = sh["shadow_read_percent"].as_f64().unwrap_or(0.0);
     if percent > 0.0 || compared > 0 || sh["open_mismatches"].as_i64().unwrap_or(0) > 0 {
         output::fields(&[(
             "shadow reads",

@@ -266,10 +266,9 @@ pub async fn snapshot(
             "eta_secs": backfill_eta.map(|s| s.round() as i64),
             "shards": shards,
         },
-        "throttle": {
+        // Each object that holds a renamed setting carries its old name beside it until 0.2.
+        "throttle": crate::vocabulary::with_old_names(json!({
             "max_docs_per_sec": settings.max_docs_per_sec,
-            // The old name of `max_docs_per_sec`, kept beside it until 0.2 (glossary).
-            "configured_docs_per_sec": settings.max_docs_per_sec,
             "applied_docs_per_sec": applied,
             "latency_budget_ms": crate::throttle::latency_budget_ms(
                 settings.latency_budget_ms,
@@ -285,8 +284,8 @@ pub async fn snapshot(
             "rate_cut_events": rate_cut_events,
             "capacity_signals": capacity.len(),
             "last_capacity_signal": capacity.last().map(|e| json!({ "at": e.at, "reason": e.reason })),
-        },
-        "cleanup": {
+        })),
+        "cleanup": crate::vocabulary::with_old_names(json!({
             "planned": m.cleanup_planned_at.is_some(),
             "partitions": cleanup.partitions,
             "partitions_done": cleanup.done,
@@ -294,8 +293,6 @@ pub async fn snapshot(
             "documents_deleted": cleanup.deleted,
             "documents_kept": cleanup.kept,
             "cleanup_waves": settings.cleanup_waves,
-            // The old name of `cleanup_waves`, kept beside it until 0.2.
-            "waves": settings.cleanup_waves,
             "wave": wave.map(|w| json!({
                 "number": w.number,
                 "of": w.of,
@@ -303,7 +300,7 @@ pub async fn snapshot(
                 "done": w.done,
             })),
             "tombstones_purged_at": m.tombstones_purged_at,
-        },
+        })),
         "revert": {
             "planned": m.revert_planned_at.is_some(),
             "partitions": revert.partitions,
@@ -323,16 +320,14 @@ pub async fn snapshot(
                 "caught_up_at": w.caught_up_at,
             })).collect::<Vec<_>>(),
         },
-        "shadow_reads": {
+        "shadow_reads": crate::vocabulary::with_old_names(json!({
             "shadow_read_percent": settings.shadow_read_percent,
-            // The old name of `shadow_read_percent`, kept beside it until 0.2.
-            "percent": settings.shadow_read_percent,
             "reads_compared": shadow.compared,
             "mismatches": shadow.mismatches,
             "open_mismatches": shadow.open,
             "resolved_mismatches": shadow.resolved,
             "open": open_mismatches,
-        },
+        })),
         "workers": live,
         "active_task": active_name,
         "progress": progress,

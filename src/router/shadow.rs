@@ -83,12 +83,13 @@ impl ShadowReads {
         change(&mut counts);
     }
 
-    /// The counts for the heartbeat's stats: `{"migration_id", "compared", "mismatches", "busy",
-    /// "failed"}` since the router started following the migration.
+    /// The counts for the heartbeat's stats: `{"shadow_read_percent", "migration_id",
+    /// "compared", "mismatches", "busy", "failed"}` since the router started following the
+    /// migration (with the old names beside the new until 0.2).
     pub(super) fn report(&self) -> Value {
         let c = *self.counts.lock().expect("shadow counts lock");
         crate::vocabulary::with_old_names(json!({
-            "percent": self.percent(),
+            "shadow_read_percent": self.percent(),
             "migration_id": c.migration_id,
             "compared": c.compared,
             "mismatches": c.mismatches,

@@ -237,7 +237,7 @@ pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>
         errors.sort_by_key(|e| (e.line.unwrap_or(0), e.column.unwrap_or(0)));
         errors
     };
-    let value: serde_yaml::Value =
+    let mut value: serde_yaml::Value =
         serde_yaml::from_str(text).map_err(|e| vec![yaml_error(file, &e)])?;
     if value.is_null() {
         let mut p = Problems::default();
@@ -274,7 +274,6 @@ pub fn parse_playbook(file: &str, text: &str) -> Result<Playbook, Vec<SpecError>
             format!("`{old}` is the old name of `{new}`, which the step gives too: keep `{new}`"),
         );
     }
-    let mut value = value;
     renamed::rename_yaml(&mut value, &renaming);
     let doc: PlaybookDoc = match serde_yaml::from_value(value) {
         Ok(doc) => doc,
