@@ -8,7 +8,7 @@
 //! hashing.
 //!
 //! The actors run the product's own decisions from `reshard::protocol` (the operation machines;
-//! the workers' `backfill_action`, `cleanup_action`, `cleanup_decision` and `revert_action`, and
+//! the workers' `disposition::of`, `backfill_action`, `cleanup_action`, `cleanup_decision` and `revert_action`, and
 //! their checkpoints' `BatchWindow`; the repair's `repair_action`, `repair_copy_step`,
 //! `repair_next` and `repair_replace_step`; the copier's `copy_result`; `purge_tombstone_step`
 //! (which the product turns into its purge's filter, `copy::steps::purge_filter`); the mirrors' `mirror_writes` and `mirror_location`; where a step on
@@ -18,8 +18,9 @@
 //! decisions; it deviates, for the broken variants, only in its own executor and actors. A
 //! stored document knows whether it is a pristine copy (`_reshard.src = "copy"`, written by a
 //! copier and by no one since), which `revert_action` and `Step::ReplaceCopy` depend on. The
-//! workers classify what they scan by building a `Disposition` from the model's store and its
-//! locations (`disposition::of` needs real routing versions): the source version places a
+//! workers classify what they scan with the product's `disposition::of`, asked of the stored
+//! document a slot stands for (`Model::document`: its keys and its `_reshard` envelope as the
+//! product writes them) under real routing versions (`versions`): the source version places a
 //! moving id on one shard, the target version on another, and both place a shared id in one
 //! collection.
 //!
@@ -291,7 +292,9 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use reshard::disposition::Disposition;
+use mongodb::bson::{doc, Bson, Document};
+use reshard::disposition::{self, Disposition};
+use reshard::envelope;
 use reshard::phase::{Gate, Phase, WritePath};
 use reshard::protocol::{
     backfill_action, cleanup_action, cleanup_decision, cleanup_delete_step, cleanup_lookup_step,
@@ -301,7 +304,7 @@ use reshard::protocol::{
     CleanupDecision, Found, Interrupted, Listed, MirrorSource, Next, Operation, OperationMachine,
     Outcome, Payload, QueryPlan, RepairAction, RepairNext, RevertAction, Side, Step,
 };
-use reshard::routing::Location;
+use reshard::routing::{KeyValue, Layout, Location, RoutingVersion, TenantShard};
 
 /// The most ids a workload may use; states are fixed-size arrays for cheap hashing.
 const IDS: usize = 3;
@@ -1527,6 +1530,38 @@ struct Model<'a> {
     windows: Table<Window>,
     /// The workers' events the exploration went through (`Event`), noted by `apply`.
     events: RefCell<BTreeSet<Event>>,
+    /// The source and target routing versions the store's locations follow, for the
+    /// product's `disposition::of`.
+    versions: (RoutingVersion, RoutingVersion),
+    /// What `disposition::of` answered, by side, id, slot and listed location (`classify`).
+    dispositions: RefCell<HashMap<(bool, usize, Slot, usize), Option<Disposition>>>,
+}
+
+/// The routing versions `Store::listed` and `Store::location` describe, as the product reads
+/// them: the source version is a tenant table placing every id's tenant (`t{id}`) on s1,
+/// a shared id's on s2, or in the fanout world a `fanout` layout listing s1 and s3; the target
+/// version places every tenant on s2. Neither has a routing field, so nothing is stamped.
+fn versions(w: &Workload) -> (RoutingVersion, RoutingVersion) {
+    let table = |tenants: Vec<TenantShard>, default: &str| Layout::TenantTable {
+        tenants,
+        default_shard: Some(default.to_owned()),
+    };
+    let source = if w.fanout.is_some() {
+        Layout::Fanout {
+            shards: FANOUT.iter().map(|l| l.shard.clone()).collect(),
+        }
+    } else {
+        let shared = (0..IDS).filter(|&id| w.shared[id]).map(|id| TenantShard {
+            tenant: KeyValue::String(format!("t{id}")),
+            shard: ON_S2.shard.clone(),
+        });
+        table(shared.collect(), &ON_S1.shard)
+    };
+    let target = table(Vec::new(), &ON_S2.shard);
+    (
+        RoutingVersion::new("orders", "customerId", source),
+        RoutingVersion::new("orders", "customerId", target),
+    )
 }
 
 /// Values numbered as the exploration meets them, so that a state holds small numbers instead
@@ -1627,6 +1662,8 @@ impl<'a> Model<'a> {
                 windows
             },
             events: RefCell::default(),
+            versions: versions(&cfg.workload),
+            dispositions: RefCell::default(),
         }
     }
 
@@ -2909,73 +2946,95 @@ impl<'a> Model<'a> {
     }
 
     /// What a source document read at `id` is to the migration, for the protocol's worker
-    /// decisions, with its value (a tombstone carries none; every decision skips it).
+    /// decisions, with its value (a tombstone carries none; every decision skips it): the
+    /// product's own `disposition::of`, asked of the document as the scan read it, at the
+    /// location it read it, under the model's routing versions (`Model::versions`).
     fn source_disposition(
         &self,
         store: &Store,
         id: usize,
         found: &Found<u8>,
     ) -> Option<(Disposition, u8)> {
-        let v = match *found {
+        let (slot, v) = match *found {
             Found::Absent => return None,
-            Found::Live(v) => v,
-            Found::Tombstone => 0,
-            Found::Unmatched => unreachable!("a worker's scan reads with no condition"),
-        };
-        // As in `disposition::of`, a document whose keys cannot be routed is unroutable
-        // before it is anything else.
-        if self.unroutable(id) {
-            let reason = "its tenant key cannot be routed".to_owned();
-            return Some((Disposition::Unroutable { reason }, v));
-        }
-        let (here, there) = (
-            store.location(Side::Source, id),
-            store.location(Side::Target, id),
-        );
-        Some(match found {
-            Found::Tombstone => (Disposition::Tombstone { source: None }, v),
-            // A shared id: the target version places it where it is. The model's layouts have
-            // no routing field, so there is none to stamp.
-            _ if there == here => (Disposition::Stays { stamp: None }, v),
-            _ => (
-                Disposition::Moves {
-                    target: there.clone(),
-                    sub_bucket: 0,
+            // The source side's classification reads the keys and the tombstone mark only,
+            // never who wrote a live document, so what the scan returned is all it needs.
+            Found::Live(v) => (
+                Slot::Live {
+                    v,
+                    rev: 0,
+                    copy: false,
                 },
                 v,
             ),
-        })
+            Found::Tombstone => (Slot::Tomb { rev: 1 }, 0),
+            Found::Unmatched => unreachable!("a worker's scan reads with no condition"),
+        };
+        Some((self.classify(store, Side::Source, id, slot)?, v))
     }
 
-    /// What a target image read at `id` is to the migration, for `revert_action`. A live
-    /// document no one wrote through reshard (revision 0 and not a copy: a shared id's
-    /// document as the source layout left it; a moving id's target never holds one) carries
-    /// no writer, which `disposition::of` reads as a document of the other layout.
-    fn target_disposition(store: &Store, id: usize, image: Slot) -> Option<Disposition> {
-        // As in `disposition::of`: the source location is the scanned one when the source
-        // version lists it (a shared id), else the first it lists.
-        let (scanned, listed) = (store.location(Side::Target, id), store.listed(id));
-        let source = if listed.contains(scanned) {
-            scanned
-        } else {
-            &listed[0]
+    /// What a target image read at `id` is to the migration, for `revert_action`: the
+    /// product's `disposition::of` on the document the slot stands for. A live document no one
+    /// wrote through reshard (revision 0 and not a copy: a shared id's document as the source
+    /// layout left it; a moving id's target never holds one) carries no envelope, which it
+    /// reads as a document of the other layout.
+    fn target_disposition(&self, store: &Store, id: usize, image: Slot) -> Option<Disposition> {
+        self.classify(store, Side::Target, id, image)
+    }
+
+    /// `disposition::of` of the document `slot` stands for, scanned on `side` where the store
+    /// holds it. Its answer depends on nothing else, so it is remembered (`Model::dispositions`):
+    /// building the document and locating it under both versions at every scan step cost the
+    /// exploration a quarter of its time.
+    fn classify(&self, store: &Store, side: Side, id: usize, slot: Slot) -> Option<Disposition> {
+        let at = match side {
+            Side::Source => store.found_at(id),
+            Side::Target => 0,
         };
-        match image {
-            Slot::Absent => None,
-            Slot::Live {
-                rev: 0,
-                copy: false,
-                ..
-            } => Some(Disposition::Foreign),
-            Slot::Live { copy, .. } => Some(Disposition::Placed {
-                source: source.clone(),
-                sub_bucket: 0,
-                pristine: copy,
-            }),
-            Slot::Tomb { .. } => Some(Disposition::Tombstone {
-                source: Some((source.clone(), 0)),
-            }),
+        let key = (side == Side::Source, id, slot, at);
+        if let Some(known) = self.dispositions.borrow().get(&key) {
+            return known.clone();
         }
+        let classified = self.document(side, id, slot).map(|doc| {
+            let (from, to) = &self.versions;
+            disposition::of(side, from, to, store.location(side, id), &doc)
+        });
+        self.dispositions.borrow_mut().insert(key, classified.clone());
+        classified
+    }
+
+    /// The stored document a slot stands for, as the product writes it (`envelope`): the
+    /// application's key fields (`customerId: "t{id}"`, none for the unroutable id), the value,
+    /// and `_reshard` as its last writer left it: none for a document no one wrote through
+    /// reshard, a copy's (`src: "copy"`), an application write's (`src: "app"`), a
+    /// tombstone's (`deleted: true`).
+    fn document(&self, side: Side, id: usize, slot: Slot) -> Option<Document> {
+        let (from, to) = &self.versions;
+        let version = match side {
+            Side::Source => from,
+            Side::Target => to,
+        };
+        let key = Bson::String(format!("o{id}"));
+        let tenant = Bson::String(format!("t{id}"));
+        let mut doc = match slot {
+            Slot::Absent => return None,
+            Slot::Tomb { rev } => envelope::tombstone(&key, &tenant, version, 0, 1, i64::from(rev)),
+            Slot::Live { v, rev, copy } => {
+                let mut doc = doc! { "_id": key, "customerId": tenant, "v": i32::from(v) };
+                if copy {
+                    doc.insert(envelope::META, doc! { "rev": i64::from(rev) });
+                    envelope::copy(doc, version, 0, 1)
+                } else if rev > 0 {
+                    envelope::app_write(doc, version, 0, 1, i64::from(rev))
+                } else {
+                    doc
+                }
+            }
+        };
+        if self.unroutable(id) {
+            doc.remove("customerId");
+        }
+        Some(doc)
     }
 
     /// The worker's scan reads its next id; first, when no execution is under way, the start
@@ -3263,7 +3322,7 @@ impl<'a> Model<'a> {
     fn reverter_read(&self, s: &mut State, id: usize, log: &mut Log) {
         let image = mirror_read(&s.store, id);
         say!(log, "reads target id {id}: {image:?}");
-        let Some(disposition) = Self::target_disposition(&s.store, id, image) else {
+        let Some(disposition) = self.target_disposition(&s.store, id, image) else {
             return;
         };
         // The copier scanned the id's target location. Broken: a location no version places

@@ -26,6 +26,7 @@ mod batch;
 mod control;
 mod partition;
 pub mod plan;
+mod settle;
 
 pub use batch::{
     cleanup_candidates, place_mirrors, prepare_batch, prepare_revert, skip_mirrored, Kind,

@@ -1,4 +1,5 @@
 use super::*;
+use mongodb::bson::doc;
 use rand::rngs::mock::StepRng;
 
 #[test]
