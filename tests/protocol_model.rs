@@ -8,8 +8,8 @@
 //! hashing.
 //!
 //! The actors run the product's own decisions from `reshard::protocol` (the operation machines;
-//! the workers' `disposition::of`, `backfill_action`, `cleanup_action`, `cleanup_decision` and `revert_action`, and
-//! their checkpoints' `BatchWindow`; the repair's `repair_action`, `repair_copy_step`,
+//! the workers' `disposition::of`, `backfill_action`, `cleanup_action`, `cleanup_decision` and
+//! `revert_action`, and their checkpoints' `BatchWindow`; the repair's `repair_action`, `repair_copy_step`,
 //! `repair_next` and `repair_replace_step`; the copier's `copy_result`; `purge_tombstone_step`
 //! (which the product turns into its purge's filter, `copy::steps::purge_filter`); the mirrors' `mirror_writes` and `mirror_location`; where a step on
 //! a fanout source goes, `listed_location`; a many-document read's plan and per-id answer,
@@ -1534,8 +1534,15 @@ struct Model<'a> {
     /// product's `disposition::of`.
     versions: (RoutingVersion, RoutingVersion),
     /// What `disposition::of` answered, by side, id, slot and listed location (`classify`).
-    dispositions: RefCell<HashMap<(bool, usize, Slot, usize), Option<Disposition>>>,
+    dispositions: RefCell<HashMap<Scanned, Option<Disposition>>>,
 }
+
+/// What a worker's scan met, as `Model::classify` keys it: the side, the id, its slot, and the
+/// position of its location among those the source version lists (0 on the target).
+type Scanned = (Side, usize, Slot, usize);
+
+/// The tenant key of the model's documents: id `id`'s tenant is `t{id}`.
+const TENANT_KEY: &str = "customerId";
 
 /// The routing versions `Store::listed` and `Store::location` describe, as the product reads
 /// them: the source version is a tenant table placing every id's tenant (`t{id}`) on s1,
@@ -1559,8 +1566,8 @@ fn versions(w: &Workload) -> (RoutingVersion, RoutingVersion) {
     };
     let target = table(Vec::new(), &ON_S2.shard);
     (
-        RoutingVersion::new("orders", "customerId", source),
-        RoutingVersion::new("orders", "customerId", target),
+        RoutingVersion::new("orders", TENANT_KEY, source),
+        RoutingVersion::new("orders", TENANT_KEY, target),
     )
 }
 
@@ -2973,15 +2980,6 @@ impl<'a> Model<'a> {
         Some((self.classify(store, Side::Source, id, slot)?, v))
     }
 
-    /// What a target image read at `id` is to the migration, for `revert_action`: the
-    /// product's `disposition::of` on the document the slot stands for. A live document no one
-    /// wrote through reshard (revision 0 and not a copy: a shared id's document as the source
-    /// layout left it; a moving id's target never holds one) carries no envelope, which it
-    /// reads as a document of the other layout.
-    fn target_disposition(&self, store: &Store, id: usize, image: Slot) -> Option<Disposition> {
-        self.classify(store, Side::Target, id, image)
-    }
-
     /// `disposition::of` of the document `slot` stands for, scanned on `side` where the store
     /// holds it. Its answer depends on nothing else, so it is remembered (`Model::dispositions`):
     /// building the document and locating it under both versions at every scan step cost the
@@ -2991,7 +2989,7 @@ impl<'a> Model<'a> {
             Side::Source => store.found_at(id),
             Side::Target => 0,
         };
-        let key = (side == Side::Source, id, slot, at);
+        let key = (side, id, slot, at);
         if let Some(known) = self.dispositions.borrow().get(&key) {
             return known.clone();
         }
@@ -2999,7 +2997,9 @@ impl<'a> Model<'a> {
             let (from, to) = &self.versions;
             disposition::of(side, from, to, store.location(side, id), &doc)
         });
-        self.dispositions.borrow_mut().insert(key, classified.clone());
+        self.dispositions
+            .borrow_mut()
+            .insert(key, classified.clone());
         classified
     }
 
@@ -3007,7 +3007,10 @@ impl<'a> Model<'a> {
     /// application's key fields (`customerId: "t{id}"`, none for the unroutable id), the value,
     /// and `_reshard` as its last writer left it: none for a document no one wrote through
     /// reshard, a copy's (`src: "copy"`), an application write's (`src: "app"`), a
-    /// tombstone's (`deleted: true`).
+    /// tombstone's (`deleted: true`). On the target, a live document no one wrote through
+    /// reshard (revision 0 and not a copy: a shared id's document as the source layout left
+    /// it; a moving id's target never holds one) has no envelope, which `disposition::of`
+    /// reads as a document of the other layout.
     fn document(&self, side: Side, id: usize, slot: Slot) -> Option<Document> {
         let (from, to) = &self.versions;
         let version = match side {
@@ -3020,7 +3023,7 @@ impl<'a> Model<'a> {
             Slot::Absent => return None,
             Slot::Tomb { rev } => envelope::tombstone(&key, &tenant, version, 0, 1, i64::from(rev)),
             Slot::Live { v, rev, copy } => {
-                let mut doc = doc! { "_id": key, "customerId": tenant, "v": i32::from(v) };
+                let mut doc = doc! { "_id": key, TENANT_KEY: tenant, "v": i32::from(v) };
                 if copy {
                     doc.insert(envelope::META, doc! { "rev": i64::from(rev) });
                     envelope::copy(doc, version, 0, 1)
@@ -3032,7 +3035,7 @@ impl<'a> Model<'a> {
             }
         };
         if self.unroutable(id) {
-            doc.remove("customerId");
+            doc.remove(TENANT_KEY);
         }
         Some(doc)
     }
@@ -3322,7 +3325,7 @@ impl<'a> Model<'a> {
     fn reverter_read(&self, s: &mut State, id: usize, log: &mut Log) {
         let image = mirror_read(&s.store, id);
         say!(log, "reads target id {id}: {image:?}");
-        let Some(disposition) = self.target_disposition(&s.store, id, image) else {
+        let Some(disposition) = self.classify(&s.store, Side::Target, id, image) else {
             return;
         };
         // The copier scanned the id's target location. Broken: a location no version places
